@@ -1,0 +1,332 @@
+"""`rag check`: catch a broken deploy before the boot, not minutes into it.
+
+Reads `inference.yaml`, imports the serve module it names (which starts nothing),
+and applies every rule below to the module's `LLMConfig`s. Each finding says
+what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from rag.budget import GiB, EngineBudget, engine_budget, load_facts
+from rag.errors import ConfigError
+
+__all__ = ["MAX_TOTAL_SHARE", "Deploy", "Finding", "Report", "check", "load_deploy"]
+
+# Four CUDA contexts and the allocator's slack live outside the engines' shares.
+MAX_TOTAL_SHARE = 0.85
+PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size")
+ALLOWED_LICENSES = ("apache-2.0", "mit")
+YAML_KEYS = {"name", "description", "model", "resources", "vllm"}
+MODEL_KEYS = {"module", "profile"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken rule: which, where, and how to fix it."""
+
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """What inference.yaml says."""
+
+    path: Path
+    module: str
+    module_path: Path
+    profile: str
+    gpu_memory_gib: float
+    vllm: dict[str, Any]
+
+
+@dataclass
+class Report:
+    """Everything `rag check` found; `ok` when there is nothing to fix."""
+
+    deploy: Deploy | None = None
+    roles: list[str] = field(default_factory=list)
+    budgets: list[EngineBudget] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def add(self, rule: str, message: str) -> None:
+        self.findings.append(Finding(rule, message))
+
+
+def _suggest(word: str, options: set[str]) -> str:
+    close = difflib.get_close_matches(word, sorted(options), n=1)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def load_deploy(path: Path) -> Deploy:
+    """Parse and validate inference.yaml's shape; raise ConfigError saying how to fix it."""
+    if not path.is_file():
+        raise ConfigError(f"{path} not found; run from the repository root or pass --file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must be a mapping with at least `model: {{module: ...}}`")
+    for key in raw:
+        if key not in YAML_KEYS:
+            raise ConfigError(
+                f"{path}: unknown key `{key}`{_suggest(str(key), YAML_KEYS)}; "
+                f"allowed: {', '.join(sorted(YAML_KEYS))}"
+            )
+    model = raw.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("module"), str):
+        raise ConfigError(f"{path}: set `model.module` to a file under scripts/ (e.g. serve_module)")
+    for key in model:
+        if key not in MODEL_KEYS:
+            raise ConfigError(f"{path}: unknown key `model.{key}`{_suggest(str(key), MODEL_KEYS)}")
+    scripts = path.parent / "scripts"
+    name = model["module"].removeprefix("scripts/").removesuffix(".py").replace(".", "/")
+    module_path = scripts / f"{name}.py"
+    if not module_path.is_file():
+        have = sorted(p.stem for p in scripts.glob("*.py")) if scripts.is_dir() else []
+        raise ConfigError(
+            f"{path}: model.module `{model['module']}` matches no file under {scripts}/"
+            + (f"; modules there: {', '.join(have)}" if have else "")
+        )
+    profile = str(model.get("profile", "gpu"))
+    if profile not in ("cpu", "gpu"):
+        raise ConfigError(f"{path}: model.profile must be `cpu` or `gpu`, not `{profile}`")
+    resources = raw.get("resources") or {}
+    vllm = raw.get("vllm") or {}
+    if not isinstance(resources, dict) or not isinstance(vllm, dict):
+        raise ConfigError(f"{path}: `resources` and `vllm` must be mappings")
+    for key in vllm:
+        if key not in PARALLEL_KEYS:
+            raise ConfigError(
+                f"{path}: unknown key `vllm.{key}`{_suggest(str(key), set(PARALLEL_KEYS))}; "
+                f"the vllm block mirrors {' and '.join(PARALLEL_KEYS)}"
+            )
+    return Deploy(
+        path=path,
+        module=model["module"],
+        module_path=module_path,
+        profile=profile,
+        gpu_memory_gib=float(resources.get("gpu_memory_gib", 24)),
+        vllm=dict(vllm),
+    )
+
+
+def _exports_app(module_path: Path) -> bool:
+    """True if the module lists `app` in __all__ and defines it (directly or lazily)."""
+    tree = ast.parse(module_path.read_text(), filename=str(module_path))
+    defined = lazy = False
+    exported: set[str] | None = None
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id == "app":
+                defined = True
+            if isinstance(t, ast.Name) and t.id == "__all__" and node.value is not None:
+                try:
+                    exported = set(ast.literal_eval(node.value))
+                except ValueError:
+                    exported = None
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            lazy = "'app'" in ast.unparse(node) or '"app"' in ast.unparse(node)
+        if isinstance(node, ast.ImportFrom) and any(a.asname == "app" or a.name == "app" for a in node.names):
+            defined = True
+    if exported is not None and "app" not in exported:
+        return False
+    return defined or lazy
+
+
+@contextmanager
+def _env(**values: str) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _import(module_path: Path, profile: str) -> ModuleType:
+    name = f"_rag_check_{module_path.stem}"
+    spec = importlib.util.spec_from_file_location(name, module_path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {module_path}")
+    module = importlib.util.module_from_spec(spec)
+    with _env(RAG_PROFILE=profile):
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # the user's module: any failure is a finding
+            raise ConfigError(f"importing {module_path} failed: {type(exc).__name__}: {exc}") from exc
+    sys.modules.pop(name, None)
+    return module
+
+
+def _llm_configs(module: ModuleType) -> dict[str, Any]:
+    from ray.serve.llm import LLMConfig
+
+    found = getattr(module, "CONFIGS", None)
+    if isinstance(found, Mapping):
+        configs = {str(k): v for k, v in found.items() if isinstance(v, LLMConfig)}
+    else:
+        configs = {k: v for k, v in vars(module).items() if isinstance(v, LLMConfig)}
+    return configs
+
+
+def _check_config(report: Report, role: str, cfg: Any) -> None:
+    where = f"config `{role}`"
+    engine: dict[str, Any] = dict(cfg.engine_kwargs or {})
+    for key in engine:
+        if "api_key" in key.lower():
+            report.add(
+                "api-key",
+                f"{where}: engine_kwargs holds `{key}`; remove it (a key in the config ends up "
+                "in logs and the repo) and put auth in front of the ingress instead",
+            )
+    if cfg.accelerator_type is not None:
+        report.add(
+            "accelerator-type",
+            f"{where}: accelerator_type={cfg.accelerator_type!r}; leave it None so the engine "
+            "schedules on whatever 24 GB card the cluster has",
+        )
+    if "max_ongoing_requests" not in (cfg.deployment_config or {}):
+        report.add(
+            "max-ongoing-requests",
+            f"{where}: deployment_config lacks max_ongoing_requests; set it above the engine's "
+            "max_num_seqs (Serve's default of 5 starves a batching engine)",
+        )
+
+
+def _check_parallel(report: Report, deploy: Deploy, configs: dict[str, Any]) -> None:
+    for key in PARALLEL_KEYS:
+        set_by = {role: cfg.engine_kwargs[key] for role, cfg in configs.items() if key in cfg.engine_kwargs}
+        in_yaml = deploy.vllm.get(key)
+        values = set(set_by.values())
+        if len(values) > 1:
+            report.add(
+                "parallel-mirror",
+                f"configs disagree on {key} ({', '.join(f'{r}={v}' for r, v in set_by.items())}); "
+                f"make them equal and mirror the value in {deploy.path.name}'s vllm: block",
+            )
+        elif values and in_yaml is None:
+            (value,) = values
+            report.add(
+                "parallel-mirror",
+                f"{', '.join(set_by)} set{'s' if len(set_by) == 1 else ''} {key}={value} but "
+                f"{deploy.path.name} has no vllm.{key}; add `vllm: {{{key}: {value}}}`",
+            )
+        elif values and in_yaml not in values:
+            report.add(
+                "parallel-mirror",
+                f"{deploy.path.name} has vllm.{key}={in_yaml} but the configs set "
+                f"{next(iter(values))}; make the two equal",
+            )
+        elif not values and in_yaml is not None:
+            report.add(
+                "parallel-mirror",
+                f"{deploy.path.name} has vllm.{key}={in_yaml} but no config sets it; add "
+                f"`{key}: {in_yaml}` to the engine_kwargs or drop it from the yaml",
+            )
+
+
+def _check_gpu_budget(report: Report, deploy: Deploy, configs: dict[str, Any]) -> None:
+    card = int(deploy.gpu_memory_gib * GiB)
+    facts = load_facts()
+    total = 0.0
+    for role, cfg in configs.items():
+        engine = dict(cfg.engine_kwargs or {})
+        if "gpu_memory_utilization" not in engine:
+            report.add(
+                "gpu-share",
+                f"config `{role}`: no gpu_memory_utilization; vLLM's default 0.9 would claim "
+                "the whole card. Set this engine's share",
+            )
+            continue
+        total += float(engine["gpu_memory_utilization"])
+        model = str(cfg.model_loading_config.model_source or cfg.model_id)
+        f = facts.get(model)
+        if f is None:
+            report.add(
+                "model-facts",
+                f"config `{role}`: no architecture facts for `{model}` in rag/model_facts.yaml; "
+                "add its parameters, layers, kv_heads and head_dim from its config.json",
+            )
+            continue
+        if f.license not in ALLOWED_LICENSES:
+            report.add(
+                "license",
+                f"config `{role}`: `{model}` is {f.license}; use an ungated Apache-2.0 or MIT model",
+            )
+        b = engine_budget(role, f, engine, card)
+        report.budgets.append(b)
+        if b.max_model_len > f.max_position_embeddings:
+            report.add(
+                "max-model-len",
+                f"config `{role}`: max_model_len {b.max_model_len} exceeds `{model}`'s "
+                f"{f.max_position_embeddings} positions; lower it",
+            )
+        if not b.fits:
+            report.add(
+                "model-fits-share",
+                f"config `{role}`: `{model}` needs {b.need_bytes / GiB:.2f} GiB (weights "
+                f"{b.weights_bytes / GiB:.2f} + KV for {b.max_model_len} tokens "
+                f"{b.kv_bytes / GiB:.2f} + runtime {b.overhead_bytes / GiB:.2f}) but its share "
+                f"{b.share} of {deploy.gpu_memory_gib:g} GiB is {b.share_bytes / GiB:.2f} GiB; "
+                "lower max_model_len, pick a smaller or quantized model, or raise the share",
+            )
+    if total > MAX_TOTAL_SHARE + 1e-9:
+        report.add(
+            "gpu-shares-sum",
+            f"gpu_memory_utilization sums to {total:.2f} across the configs, above "
+            f"{MAX_TOTAL_SHARE}: the engines would not all boot on one card. Lower the shares",
+        )
+
+
+def check(path: Path) -> Report:
+    """Run every rule against the deploy described by `path` (an inference.yaml)."""
+    report = Report()
+    deploy = load_deploy(path)
+    report.deploy = deploy
+    if not _exports_app(deploy.module_path):
+        report.add(
+            "exports-app",
+            f"{deploy.module_path} does not export `app`; end it with "
+            "`app = build_openai_app(...)` (and list it in __all__ if it has one)",
+        )
+    module = _import(deploy.module_path, deploy.profile)
+    configs = _llm_configs(module)
+    if not configs:
+        report.add("no-configs", f"{deploy.module_path} defines no LLMConfig; declare one per engine")
+        return report
+    report.roles = list(configs)
+    for role, cfg in configs.items():
+        _check_config(report, role, cfg)
+    _check_parallel(report, deploy, configs)
+    if deploy.profile == "gpu":
+        _check_gpu_budget(report, deploy, configs)
+    return report

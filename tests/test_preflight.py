@@ -1,0 +1,160 @@
+"""`rag check`: every rule, fed a broken inference.yaml or serve module.
+
+Each case copies the real inference.yaml and scripts/serve_module.py into a
+temporary repo and breaks one thing, so the rules are tested against the files
+we actually ship.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rag.errors import ConfigError
+from rag.preflight import check
+from tests.conftest import ROOT
+
+Edit = Callable[[Path], None]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "inference.yaml", tmp_path / "inference.yaml")
+    shutil.copy(ROOT / "scripts" / "serve_module.py", tmp_path / "scripts" / "serve_module.py")
+    shutil.copytree(ROOT / "scripts" / "templates", tmp_path / "scripts" / "templates")
+    return tmp_path
+
+
+def replace(rel: str, old: str, new: str, count: int = 1) -> Edit:
+    def edit(root: Path) -> None:
+        path = root / rel
+        text = path.read_text()
+        assert old in text, f"{old!r} not in {rel}: the test no longer matches the shipped file"
+        path.write_text(text.replace(old, new, count))
+
+    return edit
+
+
+def test_shipped_deploy_passes_with_the_agreed_split(repo: Path) -> None:
+    report = check(repo / "inference.yaml")
+    assert report.ok, report.findings
+    shares = {b.role: b.share for b in report.budgets}
+    assert shares == {"chat": 0.32, "guard": 0.40, "embed": 0.06, "score": 0.06}
+    assert all(b.fits for b in report.budgets)
+
+
+MODULE = "scripts/serve_module.py"
+YAML = "inference.yaml"
+
+FINDINGS: list[tuple[str, Edit, str, str]] = [
+    (
+        "api-key-in-engine-kwargs",
+        replace(MODULE, '"max_num_seqs": 32,\n', '"max_num_seqs": 32,\n            "api_key": "sk-123",\n'),
+        "api-key",
+        "api_key",
+    ),
+    (
+        "accelerator-type-set",
+        replace(MODULE, "accelerator_type=None,  # any card", 'accelerator_type="A10G",  # any card'),
+        "accelerator-type",
+        "A10G",
+    ),
+    (
+        "max-ongoing-requests-missing",
+        replace(MODULE, '"max_ongoing_requests": max_ongoing_requests,', ""),
+        "max-ongoing-requests",
+        "max_ongoing_requests",
+    ),
+    (
+        "shares-sum-above-0.85",
+        replace(MODULE, '"embed": 0.06, "score": 0.06}', '"embed": 0.10, "score": 0.06}'),
+        "gpu-shares-sum",
+        "0.88",
+    ),
+    (
+        "kv-cache-does-not-fit",
+        replace(MODULE, '"max_model_len": 8192,', '"max_model_len": 65536,'),
+        "model-fits-share",
+        "chat",
+    ),
+    (
+        "weights-do-not-fit",
+        replace(MODULE, '"Qwen/Qwen3-4B-Instruct-2507-FP8"', '"Qwen/Qwen3Guard-Gen-4B"'),
+        "model-fits-share",
+        "7.49",
+    ),
+    (
+        "model-without-facts",
+        replace(MODULE, '"BAAI/bge-reranker-base"', '"BAAI/bge-reranker-v2-m3"'),
+        "model-facts",
+        "bge-reranker-v2-m3",
+    ),
+    (
+        "tp-in-configs-not-in-yaml",
+        replace(YAML, "vllm:\n  tensor_parallel_size: 1\n", ""),
+        "parallel-mirror",
+        "no vllm.tensor_parallel_size",
+    ),
+    (
+        "tp-in-yaml-differs",
+        replace(YAML, "tensor_parallel_size: 1", "tensor_parallel_size: 2"),
+        "parallel-mirror",
+        "vllm.tensor_parallel_size=2",
+    ),
+    (
+        "pp-in-yaml-not-in-configs",
+        replace(YAML, "tensor_parallel_size: 1", "tensor_parallel_size: 1\n  pipeline_parallel_size: 2"),
+        "parallel-mirror",
+        "pipeline_parallel_size",
+    ),
+    (
+        "configs-disagree-on-tp",
+        replace(MODULE, '"tensor_parallel_size": 1,', '"tensor_parallel_size": 2,'),
+        "parallel-mirror",
+        "disagree",
+    ),
+    (
+        "app-not-exported",
+        replace(MODULE, '__all__ = ["CONFIGS", "PROFILE", "app", "build_app", "configs"]',
+                '__all__ = ["CONFIGS", "PROFILE", "build_app", "configs"]'),  # fmt: skip
+        "exports-app",
+        "does not export `app`",
+    ),
+]
+
+
+@pytest.mark.parametrize(("edit", "rule", "needle"), [c[1:] for c in FINDINGS], ids=[c[0] for c in FINDINGS])
+def test_each_rule_catches_its_breakage(repo: Path, edit: Edit, rule: str, needle: str) -> None:
+    edit(repo)
+    report = check(repo / "inference.yaml")
+    rules = {f.rule for f in report.findings}
+    assert rule in rules, report.findings
+    message = next(f.message for f in report.findings if f.rule == rule)
+    assert needle in message
+
+
+ERRORS: list[tuple[str, Edit, str]] = [
+    ("module-matches-no-file", replace(YAML, "module: serve_module", "module: serve_modul"), "matches no file"),
+    ("yaml-not-parseable", replace(YAML, "vllm:\n", "vllm: [\n"), "not valid YAML"),
+    ("yaml-typo-key", replace(YAML, "vllm:", "vlm:"), "did you mean `vllm`"),
+    ("yaml-without-module", replace(YAML, "  module: serve_module", "  modul: serve_module"), "model.module"),
+    ("vllm-unknown-key", replace(YAML, "tensor_parallel_size: 1", "tensor_parallel: 1"), "tensor_parallel_size"),
+    ("module-fails-to-import", replace(MODULE, "import os\n", "import os\nraise RuntimeError('boom')\n"), "boom"),
+]
+
+
+@pytest.mark.parametrize(("edit", "needle"), [c[1:] for c in ERRORS], ids=[c[0] for c in ERRORS])
+def test_unusable_deploy_is_a_config_error(repo: Path, edit: Edit, needle: str) -> None:
+    edit(repo)
+    with pytest.raises(ConfigError) as info:
+        check(repo / "inference.yaml")
+    assert needle in str(info.value)
+
+
+def test_missing_yaml_says_where_to_run(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        check(tmp_path / "inference.yaml")

@@ -1,0 +1,135 @@
+"""The real four-engine CPU stack, through the clients a user has: OpenAI client and plain HTTP."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+from openai import BadRequestError, NotFoundError, OpenAI
+
+from rag.settings import ROLES
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def oai(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url, api_key="EMPTY", timeout=300, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(stack: Stack) -> httpx.Client:
+    return httpx.Client(base_url=stack.base_url, timeout=300)
+
+
+def _still_serving(oai: OpenAI) -> None:
+    reply = oai.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "Say yes."}], max_tokens=3
+    )
+    assert reply.choices[0].message.content
+
+
+def test_models_lists_the_four_roles(oai: OpenAI) -> None:
+    assert sorted(m.id for m in oai.models.list()) == sorted(ROLES)
+
+
+def test_chat_plain_answers_from_real_weights(oai: OpenAI) -> None:
+    reply = oai.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+        max_tokens=8,
+        temperature=0,
+    )
+    text = reply.choices[0].message.content or ""
+    assert "paris" in text.lower()
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+
+def test_chat_streamed_arrives_in_pieces(oai: OpenAI) -> None:
+    stream = oai.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "Count from one to five in words."}],
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+    )
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 3
+    assert "three" in "".join(pieces).lower()
+
+
+def test_embeddings_are_384_dim_normalized_and_semantic(oai: OpenAI) -> None:
+    texts = [
+        "How do I split GPU memory between the engines?",
+        "What share of the graphics card's memory does each model get?",
+        "My cat likes to sleep in the sun.",
+    ]
+    data = oai.embeddings.create(model="embed", input=texts).data
+    vecs = np.array([d.embedding for d in data], dtype=np.float32)
+    assert vecs.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-3)
+    paraphrase, unrelated = float(vecs[0] @ vecs[1]), float(vecs[0] @ vecs[2])
+    assert paraphrase > unrelated + 0.2
+
+
+def test_score_over_http_ranks_the_relevant_passage_first(http: httpx.Client) -> None:
+    passages = [
+        "Bananas are a good source of potassium and are often eaten at breakfast.",
+        "Each engine's gpu_memory_utilization sets the share of the card it claims at boot.",
+        "The Eiffel Tower was completed in 1889.",
+    ]
+    r = http.post(
+        "/score",
+        json={"model": "score", "text_1": "Which setting controls how much GPU memory an engine takes?",
+              "text_2": passages},
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    scores = {d["index"]: d["score"] for d in r.json()["data"]}
+    assert sorted(scores) == [0, 1, 2]
+    assert all(0.0 <= s <= 1.0 and math.isfinite(s) for s in scores.values())
+    assert max(scores, key=lambda i: scores[i]) == 1
+
+
+def test_request_without_model_is_refused_readably(http: httpx.Client, oai: OpenAI) -> None:
+    r = http.post("/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert 400 <= r.status_code < 500
+    assert "model" in r.text.lower()
+    _still_serving(oai)
+
+
+def test_unknown_model_is_refused_readably(oai: OpenAI) -> None:
+    with pytest.raises((NotFoundError, BadRequestError)) as info:
+        oai.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+    assert "gpt-9" in str(info.value)
+    _still_serving(oai)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b'{"model": "chat", "messages": "not a list"}',
+        b'{"model": "embed"}',
+    ],
+    ids=["not-json", "messages-not-a-list", "embeddings-without-input"],
+)
+def test_malformed_body_gets_a_4xx(http: httpx.Client, oai: OpenAI, body: bytes) -> None:
+    path = "/embeddings" if b"embed" in body else "/chat/completions"
+    r = http.post(path, content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    assert r.text.strip()
+    _still_serving(oai)
+
+
+def test_prompt_longer_than_max_model_len_is_refused(oai: OpenAI) -> None:
+    long_prompt = "word " * 6000  # the CPU chat engine's max_model_len is 4096
+    with pytest.raises(BadRequestError) as info:
+        oai.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": long_prompt}], max_tokens=4
+        )
+    message = str(info.value).lower()
+    assert "context" in message or "length" in message or "token" in message
+    _still_serving(oai)
