@@ -18,8 +18,8 @@ import yaml
 
 __all__ = [
     "ENGINE_OVERHEAD_BYTES",
-    "GiB",
     "EngineBudget",
+    "GiB",
     "ModelFacts",
     "engine_budget",
     "load_facts",

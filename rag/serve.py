@@ -7,9 +7,11 @@ and the local Ray cluster down so that no process is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -121,13 +123,17 @@ def _deployment_states() -> dict[str, tuple[str, str]]:
     }
 
 
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]*(?:Error|Exception)|Value error)\b[:,]?\s")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _short(message: str) -> str:
     """The most telling line of a deployment's failure message (usually a traceback)."""
-    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    lines = [_ANSI.sub("", ln).strip() for ln in message.splitlines() if ln.strip()]
     for ln in reversed(lines):
-        if "Error" in ln or "error" in ln:
-            return ln[:300]
-    return (lines[-1] if lines else "no message")[:300]
+        if _ERROR_LINE.match(ln):
+            return ln[:400]
+    return (lines[-1] if lines else "no message")[:400]
 
 
 def _stop(log: Log) -> None:
@@ -140,7 +146,7 @@ def _stop(log: Log) -> None:
     log("stopping: shutting down Serve and the local Ray cluster ...")
     tree = psutil.Process().children(recursive=True)
     try:
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]
     except Exception as exc:  # still shut Ray down below
         log(f"  serve.shutdown failed: {exc}")
     ray.shutdown()
@@ -192,16 +198,16 @@ def serve_forever(
         num_cpus=num_cpus,
         include_dashboard=False,
         log_to_driver=False,  # engine logs go to Ray's session folder, not the terminal
-        logging_level="WARNING",
-        # Let Ray reap the idle workers left by model-download tasks (~0.45 GiB each).
-        _system_config={"num_workers_soft_limit": 0},
+        logging_level=logging.WARNING,
     )
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # per-deployment option dumps
     try:
         logs = Path(ray.get_runtime_context().get_node_id() and "/tmp/ray/session_latest/logs")
         serve.start(http_options={"host": host, "port": port})
-        module = _load_module(module_path)
-        app = module.app  # built only now, after ray.init
+        # vLLM logs to stdout on import; stdout is for the URL alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            module = _load_module(module_path)
+            app = module.app  # built only now, after ray.init
         # Ray installs a crash handler for SIGTERM that re-raises it and kills this
         # process mid-shutdown; ours replace it (and un-ignore SIGINT under `&`).
         signal.signal(signal.SIGTERM, _raise_stop)
@@ -211,12 +217,16 @@ def serve_forever(
         while True:
             elapsed = time.monotonic() - start
             states = _deployment_states()
-            failed = {n: m for n, (s, m) in states.items() if s in ("DEPLOY_FAILED", "UNHEALTHY")}
+            # Loading local weights is deterministic: the first failed start is final,
+            # so say so now rather than after Serve's retries (minutes on CPU).
+            failed = {
+                n: m
+                for n, (s, m) in states.items()
+                if s in ("DEPLOY_FAILED", "UNHEALTHY") or "failed to start" in m
+            }
             if failed:
                 name, message = next(iter(failed.items()))
-                raise ServeError(
-                    f"engine `{name}` failed to load: {_short(message)} (full logs: {logs})"
-                )
+                raise ServeError(f"engine `{name}` failed to load: {_short(message)} (full logs: {logs})")
             line = "  ".join(f"{n}: {s.lower()}" for n, s in ((n, s) for n, (s, _) in sorted(states.items())))
             if line != last:
                 log(f"  [{elapsed:4.0f}s] {line}")

@@ -63,9 +63,7 @@ class Settings:
     def from_env(cls) -> Settings:
         """Read every setting from the environment, falling back to the defaults."""
         return cls(
-            base_url=os.environ.get(
-                "RAG_BASE_URL", f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1"
-            ).rstrip("/"),
+            base_url=os.environ.get("RAG_BASE_URL", f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1").rstrip("/"),
             # Ray Serve's ingress checks no key by default; the OpenAI client insists on one.
             api_key=os.environ.get("RAG_API_KEY", "EMPTY"),
             chat_model=os.environ.get("RAG_CHAT_MODEL", "chat"),

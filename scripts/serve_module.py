@@ -255,6 +255,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CONFIGS", "PROFILE", "app", "build_app", "configs"]
+__all__ = ["CONFIGS", "PROFILE", "app", "build_app", "configs"]  # noqa: F822 - `app` is lazy
 PROFILE = _profile()
 CONFIGS = configs(PROFILE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,6 +46,15 @@ def _session_pids(sid: int) -> list[psutil.Process]:
     return out
 
 
+def _kill_session(sid: int) -> list[psutil.Process]:
+    """SIGKILL whatever is still alive in the session `rag serve` led; returns those."""
+    leftover = _session_pids(sid)
+    for p in leftover:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return leftover
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Boot `rag serve` on a free port, yield its URL, stop it and prove nothing is left."""
@@ -60,25 +70,30 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     assert proc.stdout is not None
     url_box: list[str] = []
-    reader = threading.Thread(target=lambda: url_box.append(proc.stdout.readline().strip()), daemon=True)  # type: ignore[union-attr]
+
+    def read_url() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # stdout carries the URL and nothing else
+            url_box.append(line.strip())
+            return
+
+    reader = threading.Thread(target=read_url, daemon=True)
     reader.start()
     reader.join(BOOT_TIMEOUT_S)
     if not url_box or not url_box[0].startswith("http"):
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"rag serve did not come up in {BOOT_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}")
+        _kill_session(proc.pid)
+        pytest.fail(
+            f"rag serve gave no URL in {BOOT_TIMEOUT_S:.0f} s ({url_box}):\n{log.read_text()[-4000:]}"
+        )
     print(f"\nstack up at {url_box[0]} (log {log})", file=sys.stderr)
     try:
         yield Stack(url_box[0], proc, log)
     finally:
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            pass
         time.sleep(2)
-        leftover = _session_pids(proc.pid)
-        for p in leftover:
-            p.kill()
+        leftover = _kill_session(proc.pid)
         err.close()
         assert proc.returncode == 0, f"rag serve exited {proc.returncode}:\n{log.read_text()[-3000:]}"
         assert not leftover, f"rag serve left processes behind: {[p.pid for p in leftover]}"

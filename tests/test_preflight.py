@@ -119,8 +119,11 @@ FINDINGS: list[tuple[str, Edit, str, str]] = [
     ),
     (
         "app-not-exported",
-        replace(MODULE, '__all__ = ["CONFIGS", "PROFILE", "app", "build_app", "configs"]',
-                '__all__ = ["CONFIGS", "PROFILE", "build_app", "configs"]'),  # fmt: skip
+        replace(
+            MODULE,
+            '__all__ = ["CONFIGS", "PROFILE", "app", "build_app", "configs"]',
+            '__all__ = ["CONFIGS", "PROFILE", "build_app", "configs"]',
+        ),
         "exports-app",
         "does not export `app`",
     ),
@@ -138,12 +141,24 @@ def test_each_rule_catches_its_breakage(repo: Path, edit: Edit, rule: str, needl
 
 
 ERRORS: list[tuple[str, Edit, str]] = [
-    ("module-matches-no-file", replace(YAML, "module: serve_module", "module: serve_modul"), "matches no file"),
+    (
+        "module-matches-no-file",
+        replace(YAML, "module: serve_module", "module: serve_modul"),
+        "matches no file",
+    ),
     ("yaml-not-parseable", replace(YAML, "vllm:\n", "vllm: [\n"), "not valid YAML"),
     ("yaml-typo-key", replace(YAML, "vllm:", "vlm:"), "did you mean `vllm`"),
     ("yaml-without-module", replace(YAML, "  module: serve_module", "  modul: serve_module"), "model.module"),
-    ("vllm-unknown-key", replace(YAML, "tensor_parallel_size: 1", "tensor_parallel: 1"), "tensor_parallel_size"),
-    ("module-fails-to-import", replace(MODULE, "import os\n", "import os\nraise RuntimeError('boom')\n"), "boom"),
+    (
+        "vllm-unknown-key",
+        replace(YAML, "tensor_parallel_size: 1", "tensor_parallel: 1"),
+        "tensor_parallel_size",
+    ),
+    (
+        "module-fails-to-import",
+        replace(MODULE, "import os\n", "import os\nraise RuntimeError('boom')\n"),
+        "boom",
+    ),
 ]
 
 

@@ -1,0 +1,136 @@
+"""The CLI's contract: exit 0 with results on stdout, exit 1 with one readable line, exit 2 for misuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rag.cli import main
+from rag.prepare import MANIFEST, MODEL_SETS
+from tests.conftest import ROOT, free_port
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.chdir(ROOT)
+    return CliRunner()
+
+
+@pytest.fixture
+def fake_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A models dir whose folders look prepared but hold no weights."""
+    models = tmp_path / "models"
+    for name in set(MODEL_SETS["qwen"].values()):
+        (models / name).mkdir(parents=True)
+        (models / name / MANIFEST).write_text("{}")
+    monkeypatch.setenv("RAG_MODELS_DIR", str(models))
+    monkeypatch.setenv("RAG_CPU_MODELS", "qwen")
+    return models
+
+
+def one_line_error(output: str) -> str:
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output
+    assert lines[0].startswith("Error: ")
+    return lines[0]
+
+
+def test_help_teaches_with_examples(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["-h"])
+    assert result.exit_code == 0
+    for command in ("prepare", "serve", "check"):
+        assert f"rag {command}" in result.output
+    serve_help = runner.invoke(main, ["serve", "--help"]).output
+    assert "RAG_PORT" in serve_help and "Examples:" in serve_help
+
+
+def test_check_passes_on_the_shipped_deploy(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["check"])
+    assert result.exit_code == 0, result.output
+    assert "shares sum to 0.84" in result.output
+    assert result.output.strip().splitlines()[-1].startswith("ok: inference.yaml")
+
+
+def test_check_json_reports_the_budget(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["check", "--json"])
+    report = json.loads(result.output)
+    assert report["ok"] is True
+    assert [b["role"] for b in report["budget"]] == ["chat", "guard", "embed", "score"]
+    assert all(b["fits"] and b["spare_gib"] >= 0 for b in report["budget"])
+
+
+def test_check_fails_with_findings_and_exit_1(runner: CliRunner, tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copytree(ROOT / "scripts" / "templates", tmp_path / "scripts" / "templates")
+    module = (ROOT / "scripts" / "serve_module.py").read_text()
+    (tmp_path / "scripts" / "serve_module.py").write_text(module.replace('"guard": 0.40', '"guard": 0.60'))
+    shutil.copy(ROOT / "inference.yaml", tmp_path / "inference.yaml")
+    result = runner.invoke(main, ["check", "-f", str(tmp_path / "inference.yaml")])
+    assert result.exit_code == 1
+    assert "FAIL [gpu-shares-sum]" in result.output and "1.04" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["check", "-f", "nowhere.yaml"], "nowhere.yaml not found"),
+        (["serve", "-f", "nowhere.yaml"], "nowhere.yaml not found"),
+    ],
+)
+def test_expected_failures_are_one_line_and_exit_1(runner: CliRunner, args: list[str], needle: str) -> None:
+    result = runner.invoke(main, args)
+    assert result.exit_code == 1
+    assert needle in one_line_error(result.output)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["prepare", "--set", "llama"], ["serve", "--port", "70000"], ["serve", "--profile", "tpu"], ["nope"]],
+)
+def test_misuse_exits_2(runner: CliRunner, args: list[str]) -> None:
+    assert runner.invoke(main, args).exit_code == 2
+
+
+def test_serve_without_prepared_models_says_to_prepare(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAG_MODELS_DIR", str(tmp_path / "empty"))
+    result = runner.invoke(main, ["serve", "--profile", "cpu"])
+    assert result.exit_code == 1
+    assert "run `rag prepare" in one_line_error(result.output)
+
+
+def test_serve_on_a_taken_port_says_so(runner: CliRunner, fake_models: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = runner.invoke(main, ["serve", "--profile", "cpu", "--port", str(port)])
+    assert result.exit_code == 1
+    line = one_line_error(result.output)
+    assert f"port {port} on 127.0.0.1 is taken" in line and "--port" in line
+
+
+@pytest.mark.stack
+def test_serve_names_the_engine_that_failed_to_load(fake_models: Path, tmp_path: Path) -> None:
+    """A real boot whose weights are missing: one line naming the engine, exit 1, nothing left."""
+    env = {**os.environ, "RAG_BOOT_TIMEOUT_S": "400"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag.cli", "serve", "--profile", "cpu", "--port", str(free_port())],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stdout == ""
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "failed to load" in errors[0] and "engine `" in errors[0]
+    assert "stopped" in proc.stderr

