@@ -49,7 +49,7 @@ fmt: install
 lock:  ## re-resolve requirements/cpu.in into requirements/cpu.lock in a scratch venv
 	rm -rf .lockenv && $(PYTHON) -m venv .lockenv
 	.lockenv/bin/pip install -q "pip==25.3" && .lockenv/bin/pip install -q -r requirements/cpu.in
-	{ sed -n '1,3p' $(LOCK); .lockenv/bin/pip freeze | grep -viE '^(torchvision|torchaudio|torchcodec)=='; } > $(LOCK).new
+	{ sed -n '1,3p' $(LOCK); .lockenv/bin/pip freeze --all | grep -viE '^(pip|torchvision|torchaudio|torchcodec)=='; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK) && rm -rf .lockenv
 
 clean:  ## remove the venv (prepared models stay in RAG_MODELS_DIR)

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rag.errors import ConfigError
+
 __all__ = [
     "CPU_MODEL_SETS",
     "PROFILES",
@@ -58,6 +60,16 @@ class Settings:
     embed_model: str
     score_model: str
     timeout_s: float
+    index_dir: Path
+    retrieval: str  # dense | lexical | fused
+    top_k: int  # candidates retrieved
+    rerank_n: int  # of those, how many go through /v1/score
+    sources: int  # of those, how many the answer may cite
+    min_score: float  # rerank floor: below it the corpus "does not cover" the question
+    guard_format: str  # score (CPU) | qwen3guard (GPU)
+    guard_threshold: float  # P(unsafe) at or above which the score-format guard blocks
+    guard_strict: bool  # qwen3guard: block "Controversial" too
+    max_tokens: int
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -70,5 +82,36 @@ class Settings:
             guard_model=os.environ.get("RAG_GUARD_MODEL", "guard"),
             embed_model=os.environ.get("RAG_EMBED_MODEL", "embed"),
             score_model=os.environ.get("RAG_SCORE_MODEL", "score"),
-            timeout_s=float(os.environ.get("RAG_TIMEOUT_S", "120")),
+            timeout_s=_float("RAG_TIMEOUT_S", 300.0),
+            index_dir=Path(os.environ.get("RAG_INDEX_DIR", ".rag/index")).expanduser(),
+            retrieval=os.environ.get("RAG_RETRIEVAL", "fused"),
+            top_k=_int("RAG_TOP_K", 20),
+            rerank_n=_int("RAG_RERANK_N", 8),
+            sources=_int("RAG_SOURCES", 3),
+            min_score=_float("RAG_MIN_SCORE", 0.05),
+            guard_format=os.environ.get("RAG_GUARD_FORMAT")
+            or ("qwen3guard" if detect_profile() == "gpu" else "score"),
+            guard_threshold=_float("RAG_GUARD_THRESHOLD", 0.5),
+            guard_strict=os.environ.get("RAG_GUARD_STRICT", "0").lower() in ("1", "true", "yes"),
+            max_tokens=_int("RAG_MAX_TOKENS", 384),
         )
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None

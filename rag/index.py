@@ -1,0 +1,237 @@
+"""Index on disk: unit float32 vectors (.npy) + chunk metadata (JSON lines) + a manifest.
+
+Layout of an index folder:
+
+    manifest.json            what is current: generation, embedding model, files
+    vectors-<gen>.npy        float32, one unit row per chunk (loaded with allow_pickle=False)
+    chunks-<gen>.jsonl       one chunk per line, in the same order
+
+A build writes a new generation's files first and then replaces manifest.json
+in one atomic rename, so an interrupted `rag index` leaves the previous index
+whole. The manifest records the embedding model and a fingerprint of it (its
+vector for a fixed probe sentence), so an index is never queried through a
+different model. Nothing read back is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.chunk import Chunk, chunk_document
+from rag.errors import ConfigError
+from rag.ingest import Scan, load, scan
+
+__all__ = ["PROBE", "BuildStats", "Index", "build", "load_index"]
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+# Embedded at build time and again at query time: the same model gives the same vector.
+PROBE = "retrieval-augmented generation on one GPU"
+
+
+class Embedder:
+    """What `build` needs from the stack (StackClient satisfies it)."""
+
+    def embed(self, texts: Sequence[str], batch_size: int = 32, workers: int = 4) -> np.ndarray: ...
+
+
+@dataclass
+class Index:
+    """A loaded index: chunks, their vectors, and what built them."""
+
+    folder: Path
+    chunks: list[Chunk]
+    vectors: np.ndarray
+    manifest: dict[str, Any]
+
+    @property
+    def embed_model(self) -> str:
+        return str(self.manifest["embed_model"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    def check_model(self, model: str, probe_vector: np.ndarray) -> None:
+        """Refuse to be queried through another embedding model than the one that built it."""
+        built = np.asarray(self.manifest["probe"], dtype=np.float32)
+        same = (
+            model == self.embed_model
+            and probe_vector.shape == built.shape
+            and float(probe_vector @ built) > 0.99
+        )
+        if not same:
+            raise ConfigError(
+                f"the index in {self.folder} was built with embedding model `{self.embed_model}` "
+                f"({self.dim} dims), but `{model}` ({probe_vector.shape[0]} dims) answers now; "
+                "rebuild it with `rag index PATH` (or point RAG_EMBED_MODEL/RAG_BASE_URL at the original)"
+            )
+
+
+def load_index(folder: Path) -> Index:
+    """Read the current generation; ConfigError saying to run `rag index` if there is none."""
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise ConfigError(f"no index in {folder}; build one with `rag index PATH` (e.g. `rag index corpus/`)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("format") != FORMAT:
+            raise ConfigError(f"the index in {folder} has format {manifest.get('format')}; rebuild it with `rag index`")
+        vectors = np.load(folder / manifest["vectors_file"], allow_pickle=False)
+        with (folder / manifest["chunks_file"]).open() as f:
+            chunks = [Chunk(**json.loads(line)) for line in f if line.strip()]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"the index in {folder} is unreadable ({exc}); rebuild it with `rag index PATH`") from exc
+    if len(chunks) != len(vectors):
+        raise ConfigError(f"the index in {folder} is inconsistent; rebuild it with `rag index PATH`")
+    if not chunks:
+        raise ConfigError(f"the index in {folder} is empty; index some documents with `rag index PATH`")
+    return Index(folder, chunks, vectors.astype(np.float32, copy=False), manifest)
+
+
+@dataclass(frozen=True)
+class BuildStats:
+    """What one `rag index` run did."""
+
+    files: int
+    files_changed: int
+    files_removed: int
+    chunks: int
+    chunks_embedded: int
+    skipped: dict[str, int]
+    seconds: float
+    rebuilt_because: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _previous(folder: Path, model: str, probe: np.ndarray) -> tuple[Index | None, str | None]:
+    try:
+        old = load_index(folder)
+    except ConfigError as exc:
+        return None, None if "no index" in str(exc) else str(exc)
+    try:
+        old.check_model(model, probe)
+    except ConfigError:
+        return None, f"the embedding model changed (was `{old.embed_model}`, {old.dim} dims)"
+    return old, None
+
+
+def build(
+    paths: Sequence[Path],
+    folder: Path,
+    client: Embedder,
+    embed_model: str,
+    *,
+    max_tokens: int = 200,
+    overlap: int = 40,
+    batch_size: int = 32,
+    workers: int = 4,
+    progress: Callable[[int, int], None] = lambda done, total: None,
+) -> BuildStats:
+    """Index `paths` into `folder`, embedding only chunks the previous index lacks."""
+    start = time.monotonic()
+    root, found = scan(paths)
+    if not found.files:
+        raise ConfigError(
+            f"no indexable files under {', '.join(map(str, paths))} (skipped: {_skipped(found) or 'nothing'}); "
+            "supported: .md .txt .rst .html .pdf"
+        )
+    probe = client.embed([PROBE])[0]
+    old, rebuilt_because = _previous(folder, embed_model, probe)
+    old_files: dict[str, str] = dict(old.manifest["files"]) if old else {}
+    old_vectors = {c.id: old.vectors[i] for i, c in enumerate(old.chunks)} if old else {}
+
+    chunks: list[Chunk] = []
+    files: dict[str, str] = {}
+    changed = 0
+    for f in found.files:
+        doc = load(f, root)
+        files[doc.path] = doc.sha256
+        changed += old_files.get(doc.path) != doc.sha256
+        chunks.extend(chunk_document(doc, max_tokens=max_tokens, overlap=overlap))
+    chunks = list({c.id: c for c in chunks}.values())  # identical text under one heading: once
+    todo = [c for c in chunks if c.id not in old_vectors]
+
+    new_vectors: dict[str, np.ndarray] = {}
+    step = batch_size * workers
+    for i in range(0, len(todo), step):
+        part = todo[i : i + step]
+        vecs = client.embed([c.embed_text for c in part], batch_size=batch_size, workers=workers)
+        new_vectors.update({c.id: v for c, v in zip(part, vecs, strict=True)})
+        progress(min(i + step, len(todo)), len(todo))
+    if not todo:
+        progress(0, 0)
+
+    vectors = np.stack([new_vectors.get(c.id, old_vectors.get(c.id)) for c in chunks]).astype(np.float32)
+    _write(folder, chunks, vectors, embed_model, probe, files, str(root))
+    return BuildStats(
+        files=len(files),
+        files_changed=changed,
+        files_removed=len(set(old_files) - set(files)),
+        chunks=len(chunks),
+        chunks_embedded=len(todo),
+        skipped=dict(found.skipped),
+        seconds=time.monotonic() - start,
+        rebuilt_because=rebuilt_because,
+    )
+
+
+def _skipped(found: Scan) -> str:
+    return ", ".join(f"{n} {why}" for why, n in sorted(found.skipped.items()))
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write(
+    folder: Path,
+    chunks: list[Chunk],
+    vectors: np.ndarray,
+    embed_model: str,
+    probe: np.ndarray,
+    files: dict[str, str],
+    root: str,
+) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
+    vec_file, chunk_file = f"vectors-{gen}.npy", f"chunks-{gen}.jsonl"
+    with (folder / vec_file).open("wb") as f:
+        np.save(f, vectors, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    lines = "".join(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in chunks)
+    _fsync_write(folder / chunk_file, lines.encode())
+    manifest = {
+        "format": FORMAT,
+        "generation": gen,
+        "embed_model": embed_model,
+        "dim": int(vectors.shape[1]),
+        "probe": [round(float(x), 6) for x in probe],
+        "root": root,
+        "files": files,
+        "count": len(chunks),
+        "vectors_file": vec_file,
+        "chunks_file": chunk_file,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    tmp = folder / f".{MANIFEST}.{gen}.tmp"
+    _fsync_write(tmp, json.dumps(manifest, indent=1).encode())
+    os.replace(tmp, folder / MANIFEST)  # the commit point
+    for stale in folder.iterdir():  # earlier generations and leftovers of interrupted runs
+        if stale.name != MANIFEST and gen not in stale.name:
+            stale.unlink(missing_ok=True)

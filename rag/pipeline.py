@@ -1,0 +1,189 @@
+"""The query path, top-down: guard in -> embed -> retrieve -> rerank -> answer -> guard out.
+
+The answer streams, but no text reaches the caller before the guard has seen
+it: generated text is held back a sentence at a time and released once the
+guard has passed the answer so far.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rag.answer import NOT_COVERED, Source, build_messages, cited, sources_from
+from rag.client import StackClient
+from rag.guard import Verdict
+from rag.guard import check as guard_check
+from rag.index import PROBE, Index
+from rag.retrieve import BM25, Hit, dense, fuse
+from rag.settings import Settings
+
+__all__ = ["MODES", "Answer", "Pipeline"]
+
+MODES = ("dense", "lexical", "fused")
+_SENTENCE_END = re.compile(r"[.!?\n]\s")
+
+
+@dataclass
+class Answer:
+    """What `rag ask` produced, with everything needed to check it."""
+
+    question: str
+    text: str = ""
+    sources: list[Source] = field(default_factory=list)  # shown to the model
+    cited: list[Source] = field(default_factory=list)  # referenced by the answer
+    hits: list[Hit] = field(default_factory=list)  # reranked candidates
+    verdicts: list[Verdict] = field(default_factory=list)
+    blocked: str | None = None  # "input" or "output" when the guard refused
+    covered: bool = True
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class _Clock:
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+
+    def __call__(self, stage: str) -> _Stage:
+        return _Stage(self.timings, stage)
+
+
+class _Stage:
+    def __init__(self, timings: dict[str, float], stage: str) -> None:
+        self.timings, self.stage = timings, stage
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timings[self.stage] = self.timings.get(self.stage, 0.0) + time.monotonic() - self.start
+
+
+class Pipeline:
+    """Search and ask over one index through one running stack."""
+
+    def __init__(self, settings: Settings, client: StackClient, index: Index) -> None:
+        self.s = settings
+        self.client = client
+        self.index = index
+        self._bm25: BM25 | None = None
+
+    @property
+    def bm25(self) -> BM25:
+        if self._bm25 is None:
+            self._bm25 = BM25(self.index.chunks)
+        return self._bm25
+
+    def embed_query(self, query: str) -> np.ndarray:
+        """The query's vector, after proving the index's embedding model is the one answering."""
+        vecs = self.client.embed([query, PROBE])
+        self.index.check_model(self.s.embed_model, vecs[1])
+        return vecs[0]
+
+    def retrieve(self, query: str, query_vec: np.ndarray | None, mode: str, k: int) -> list[Hit]:
+        """Top-k candidates by `mode` (dense, lexical or fused)."""
+        if mode == "lexical":
+            return self.bm25.top(query, k)
+        assert query_vec is not None
+        if mode == "dense":
+            return dense(self.index.chunks, self.index.vectors, query_vec, k)
+        if mode == "fused":
+            return fuse(self.index.chunks, self.index.vectors, self.bm25, query, query_vec, k)
+        raise ValueError(f"unknown retrieval mode {mode!r}; choose one of {', '.join(MODES)}")
+
+    def rerank(self, query: str, hits: Sequence[Hit]) -> list[Hit]:
+        """Rescore the candidates through /v1/score and sort by that score."""
+        scores = self.client.score(query, [h.chunk.embed_text for h in hits])
+        rescored = [Hit(h.chunk, s, dense=h.dense, lexical=h.lexical, rerank=s) for h, s in zip(hits, scores, strict=True)]
+        return sorted(rescored, key=lambda h: -h.score)
+
+    def search(self, query: str, *, mode: str | None = None, rerank: bool = True, timings: dict[str, float] | None = None) -> list[Hit]:
+        """Retrieval and rerank only: the ranked hits with their scores."""
+        timings = {} if timings is None else timings
+        clock = _Clock(timings)
+        mode = mode or self.s.retrieval
+        vec = None
+        if mode != "lexical":
+            with clock("embed"):
+                vec = self.embed_query(query)
+        with clock("retrieve"):
+            hits = self.retrieve(query, vec, mode, self.s.top_k)
+        if rerank and hits:
+            with clock("rerank"):
+                hits = self.rerank(query, hits[: self.s.rerank_n])
+        return hits
+
+    def guard(self, question: str, answer: str | None = None) -> Verdict:
+        return guard_check(
+            self.client, self.s.guard_format, self.s.guard_model, question, answer,
+            threshold=self.s.guard_threshold, strict=self.s.guard_strict,
+        )  # fmt: skip
+
+    def ask(
+        self,
+        question: str,
+        *,
+        history: Sequence[dict[str, str]] = (),
+        on_text: Callable[[str], None] = lambda text: None,
+    ) -> Answer:
+        """Answer `question` from the index, guarded on both sides, citing numbered sources."""
+        ans = Answer(question)
+        clock = _Clock(ans.timings)
+        with clock("guard_in"):
+            v = self.guard(question)
+        ans.verdicts.append(v)
+        if not v.safe:
+            ans.blocked = "input"
+            return ans
+        ans.hits = self.search(question, timings=ans.timings)
+        good = [h for h in ans.hits if h.score >= self.s.min_score][: self.s.sources]
+        if not good:
+            ans.covered = False
+            ans.text = NOT_COVERED
+            on_text(ans.text)
+            return ans
+        ans.sources = sources_from(good)
+        messages = build_messages(question, ans.sources, history)
+        shown = 0
+        generated = ""
+        start = time.monotonic()
+        for piece in self.client.chat_stream(messages, max_tokens=self.s.max_tokens):
+            if "chat_first_token" not in ans.timings:
+                ans.timings["chat_first_token"] = time.monotonic() - start
+            generated += piece
+            end = _last_sentence_end(generated, shown)
+            if end > shown:
+                if not self._release(ans, clock, generated[:end]):
+                    return ans
+                on_text(generated[shown:end])
+                shown = end
+        ans.timings["chat"] = time.monotonic() - start - ans.timings.get("guard_out", 0.0)
+        if not self._release(ans, clock, generated) or ans.blocked:
+            return ans
+        on_text(generated[shown:])
+        ans.text = generated.strip()
+        ans.cited = cited(ans.text, ans.sources)
+        ans.covered = NOT_COVERED.rstrip(".") not in ans.text
+        return ans
+
+    def _release(self, ans: Answer, clock: _Clock, text_so_far: str) -> bool:
+        """Guard the answer so far; False (and blocked) if it is unsafe."""
+        with clock("guard_out"):
+            v = self.guard(ans.question, text_so_far)
+        ans.verdicts = [x for x in ans.verdicts if x.stage == "input"] + [v]
+        if not v.safe:
+            ans.blocked = "output"
+            ans.text = ""
+            return False
+        return True
+
+
+def _last_sentence_end(text: str, after: int) -> int:
+    """Index just past the last sentence end in text[after:], or `after` if none."""
+    end = after
+    for m in _SENTENCE_END.finditer(text, after):
+        end = m.end()
+    return end
