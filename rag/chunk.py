@@ -55,7 +55,7 @@ def _pieces(paragraph: str, max_tokens: int) -> list[str]:
         if count_tokens(sentence) <= max_tokens:
             out.append(sentence)
             continue
-        words, buf = sentence.split(), []
+        words, buf = sentence.split(), list[str]()
         for w in words:
             if buf and count_tokens(" ".join([*buf, w])) > max_tokens:
                 out.append(" ".join(buf))

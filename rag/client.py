@@ -95,7 +95,8 @@ class StackClient:
             rows = [row for part in pool.map(one, batches) for row in part]
         vecs = np.asarray(rows, dtype=np.float32)
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-        return vecs / np.maximum(norms, 1e-12)
+        unit: np.ndarray = vecs / np.maximum(norms, 1e-12)
+        return unit
 
     def score(self, query: str, documents: Sequence[str], model: str | None = None) -> list[float]:
         """One relevance score in [0, 1] per document (the score engine unless `model`)."""

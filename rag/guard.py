@@ -23,7 +23,9 @@ NO_REPLY = "(none)"  # what the score-format template reads as "checking the req
 class GuardClient(Protocol):
     def score(self, query: str, documents: list[str], model: str | None = None) -> list[float]: ...
 
-    def chat(self, messages: list[dict[str, str]], *, model: str | None = None, max_tokens: int = 512) -> str: ...
+    def chat(
+        self, messages: list[dict[str, str]], *, model: str | None = None, max_tokens: int = 512
+    ) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,10 +38,10 @@ MANIFEST = "manifest.json"
 PROBE = "retrieval-augmented generation on one GPU"
 
 
-class Embedder:
+class Embedder(Protocol):
     """What `build` needs from the stack (StackClient satisfies it)."""
 
-    def embed(self, texts: Sequence[str], batch_size: int = 32, workers: int = 4) -> np.ndarray: ...
+    def embed(self, texts: Sequence[str], batch_size: int = ..., workers: int = ...) -> np.ndarray: ...
 
 
 @dataclass
@@ -85,12 +85,16 @@ def load_index(folder: Path) -> Index:
     try:
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("format") != FORMAT:
-            raise ConfigError(f"the index in {folder} has format {manifest.get('format')}; rebuild it with `rag index`")
+            raise ConfigError(
+                f"the index in {folder} has format {manifest.get('format')}; rebuild it with `rag index`"
+            )
         vectors = np.load(folder / manifest["vectors_file"], allow_pickle=False)
         with (folder / manifest["chunks_file"]).open() as f:
             chunks = [Chunk(**json.loads(line)) for line in f if line.strip()]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"the index in {folder} is unreadable ({exc}); rebuild it with `rag index PATH`") from exc
+        raise ConfigError(
+            f"the index in {folder} is unreadable ({exc}); rebuild it with `rag index PATH`"
+        ) from exc
     if len(chunks) != len(vectors):
         raise ConfigError(f"the index in {folder} is inconsistent; rebuild it with `rag index PATH`")
     if not chunks:
@@ -144,8 +148,8 @@ def build(
     root, found = scan(paths)
     if not found.files:
         raise ConfigError(
-            f"no indexable files under {', '.join(map(str, paths))} (skipped: {_skipped(found) or 'nothing'}); "
-            "supported: .md .txt .rst .html .pdf"
+            f"no indexable files under {', '.join(map(str, paths))} "
+            f"(skipped: {_skipped(found) or 'nothing'}); supported: .md .txt .rst .html .pdf"
         )
     probe = client.embed([PROBE])[0]
     old, rebuilt_because = _previous(folder, embed_model, probe)
@@ -173,7 +177,8 @@ def build(
     if not todo:
         progress(0, 0)
 
-    vectors = np.stack([new_vectors.get(c.id, old_vectors.get(c.id)) for c in chunks]).astype(np.float32)
+    vectors = np.stack([new_vectors[c.id] if c.id in new_vectors else old_vectors[c.id] for c in chunks])
+    vectors = vectors.astype(np.float32, copy=False)
     _write(folder, chunks, vectors, embed_model, probe, files, str(root))
     return BuildStats(
         files=len(files),

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SUPPORTED", "Document", "Section", "Scan", "load", "scan"]
+__all__ = ["SUPPORTED", "Document", "Scan", "Section", "load", "scan"]
 
 SUPPORTED = (".md", ".markdown", ".txt", ".rst", ".html", ".htm", ".pdf")
 
@@ -163,7 +163,12 @@ def _rst(text: str) -> tuple[str, list[Section]]:
             title = title or heading
             i += 2
             continue
-        if _RST_UNDERLINE.match(line) and nxt.strip() and i + 2 < len(lines) and _RST_UNDERLINE.match(lines[i + 2]):
+        if (
+            _RST_UNDERLINE.match(line)
+            and nxt.strip()
+            and i + 2 < len(lines)
+            and _RST_UNDERLINE.match(lines[i + 2])
+        ):
             i += 1  # overlined title: the next iteration sees "title / underline"
             continue
         buf.append(line)
@@ -184,7 +189,9 @@ def _html(text: str) -> tuple[str, list[Section]]:
     sections: list[Section] = []
     heading = ""
     buf: list[str] = []
-    for el in body.find_all(["h1", "h2", "h3", "h4", "h5", "h6", "p", "li", "pre", "td", "blockquote", "dd", "dt"]):
+    for el in body.find_all(
+        ["h1", "h2", "h3", "h4", "h5", "h6", "p", "li", "pre", "td", "blockquote", "dd", "dt"]
+    ):
         if el.find_parent(["p", "li", "pre", "td", "blockquote"]) is not None:
             continue  # counted with its parent
         content = el.get_text(" ", strip=True)
@@ -209,7 +216,9 @@ def _pdf(path: Path) -> tuple[str, list[Section]]:
     reader = PdfReader(path)
     meta_title = (reader.metadata.title if reader.metadata else None) or ""
     sections = [
-        Section(f"page {i}", text) for i, page in enumerate(reader.pages, 1) if (text := page.extract_text() or "").strip()
+        Section(f"page {i}", text)
+        for i, page in enumerate(reader.pages, 1)
+        if (text := page.extract_text() or "").strip()
     ]
     return str(meta_title), sections
 

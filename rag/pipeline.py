@@ -81,7 +81,8 @@ class Pipeline:
         """The query's vector, after proving the index's embedding model is the one answering."""
         vecs = self.client.embed([query, PROBE])
         self.index.check_model(self.s.embed_model, vecs[1])
-        return vecs[0]
+        query_vec: np.ndarray = vecs[0]
+        return query_vec
 
     def retrieve(self, query: str, query_vec: np.ndarray | None, mode: str, k: int) -> list[Hit]:
         """Top-k candidates by `mode` (dense, lexical or fused)."""
@@ -97,10 +98,20 @@ class Pipeline:
     def rerank(self, query: str, hits: Sequence[Hit]) -> list[Hit]:
         """Rescore the candidates through /v1/score and sort by that score."""
         scores = self.client.score(query, [h.chunk.embed_text for h in hits])
-        rescored = [Hit(h.chunk, s, dense=h.dense, lexical=h.lexical, rerank=s) for h, s in zip(hits, scores, strict=True)]
+        rescored = [
+            Hit(h.chunk, s, dense=h.dense, lexical=h.lexical, rerank=s)
+            for h, s in zip(hits, scores, strict=True)
+        ]
         return sorted(rescored, key=lambda h: -h.score)
 
-    def search(self, query: str, *, mode: str | None = None, rerank: bool = True, timings: dict[str, float] | None = None) -> list[Hit]:
+    def search(
+        self,
+        query: str,
+        *,
+        mode: str | None = None,
+        rerank: bool = True,
+        timings: dict[str, float] | None = None,
+    ) -> list[Hit]:
         """Retrieval and rerank only: the ranked hits with their scores."""
         timings = {} if timings is None else timings
         clock = _Clock(timings)

@@ -17,8 +17,8 @@ __all__ = ["BM25", "Hit", "dense", "fuse", "rrf"]
 _WORD = re.compile(r"[a-z0-9_]+")
 # Function words carry no evidence about which chunk answers a question.
 _STOP = frozenset(
-    "a an and are as at be by can do does for from how i if in is it its of on or so that the this to "
-    "what when where which who why will with you your my we our".split()
+    """a an and are as at be by can do does for from how i if in is it its of on or so that the this
+    to what when where which who why will with you your my we our""".split()
 )
 
 
@@ -96,7 +96,8 @@ def rrf(rankings: Sequence[Sequence[Hit]], k: int = 60) -> list[Hit]:
                 lexical_of[cid] = hit.lexical
     order = sorted(fused, key=lambda cid: -fused[cid])
     return [
-        Hit(best[cid].chunk, fused[cid], dense=dense_of.get(cid), lexical=lexical_of.get(cid)) for cid in order
+        Hit(best[cid].chunk, fused[cid], dense=dense_of.get(cid), lexical=lexical_of.get(cid))
+        for cid in order
     ]
 
 

@@ -91,7 +91,7 @@ class Settings:
             min_score=_float("RAG_MIN_SCORE", 0.05),
             guard_format=os.environ.get("RAG_GUARD_FORMAT")
             or ("qwen3guard" if detect_profile() == "gpu" else "score"),
-            guard_threshold=_float("RAG_GUARD_THRESHOLD", 0.5),
+            guard_threshold=_float("RAG_GUARD_THRESHOLD", 0.84),
             guard_strict=os.environ.get("RAG_GUARD_STRICT", "0").lower() in ("1", "true", "yes"),
             max_tokens=_int("RAG_MAX_TOKENS", 384),
         )

@@ -1,0 +1,163 @@
+"""Evaluate: retrieval and answer quality on any corpus and QA file.
+
+A QA file is JSON lines, one question each:
+
+    {"question": "...", "files": ["gpu-memory.md"], "keywords": ["0.85"]}
+
+`files` are paths as the index stores them (relative to the indexed root; a
+suffix match is enough); `keywords` are words a correct answer contains.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.errors import ConfigError
+from rag.pipeline import MODES, Answer, Pipeline
+from rag.retrieve import Hit
+
+__all__ = ["QA", "EvalReport", "load_qa", "run_eval"]
+
+
+@dataclass(frozen=True)
+class QA:
+    question: str
+    files: tuple[str, ...]
+    keywords: tuple[str, ...] = ()
+
+
+def load_qa(path: Path) -> list[QA]:
+    """Read a QA file; ConfigError naming the line that is wrong."""
+    if not path.is_file():
+        raise ConfigError(f"QA file {path} not found")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            raw = json.loads(line)
+            out.append(QA(str(raw["question"]), tuple(raw.get("files", ())), tuple(raw.get("keywords", ()))))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"{path}:{n}: expected a JSON object with `question`, `files` and `keywords` ({exc})"
+            ) from exc
+    if not out:
+        raise ConfigError(f"{path} holds no questions")
+    return out
+
+
+def _gold(path: str, files: Sequence[str]) -> bool:
+    return any(path == f or path.endswith("/" + f) or f.endswith("/" + path) for f in files)
+
+
+def first_gold_rank(hits: Sequence[Hit], files: Sequence[str]) -> int | None:
+    """1-based rank of the first chunk from a gold file, or None."""
+    for rank, h in enumerate(hits, 1):
+        if _gold(h.chunk.path, files):
+            return rank
+    return None
+
+
+@dataclass
+class RankStats:
+    """recall@k and MRR of one retrieval mode."""
+
+    ranks: list[int | None] = field(default_factory=list)
+
+    def recall(self, k: int) -> float:
+        return sum(1 for r in self.ranks if r is not None and r <= k) / max(len(self.ranks), 1)
+
+    @property
+    def mrr(self) -> float:
+        return sum(1.0 / r for r in self.ranks if r is not None) / max(len(self.ranks), 1)
+
+
+@dataclass
+class EvalReport:
+    """Everything `rag eval` measured."""
+
+    questions: int
+    k: int
+    retrieval: dict[str, RankStats]
+    keyword_hit_rate: float | None = None
+    citation_accuracy: float | None = None
+    answers_citing: int = 0
+    not_covered: int = 0
+    guard_blocks: Counter[str] = field(default_factory=Counter)
+    per_question: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "questions": self.questions,
+            "k": self.k,
+            "retrieval": {
+                mode: {
+                    f"recall@{self.k}": round(s.recall(self.k), 4),
+                    "recall@1": round(s.recall(1), 4),
+                    "mrr": round(s.mrr, 4),
+                }
+                for mode, s in self.retrieval.items()
+            },
+            "answers": None
+            if self.keyword_hit_rate is None
+            else {
+                "keyword_hit_rate": round(self.keyword_hit_rate, 4),
+                "citation_accuracy": None
+                if self.citation_accuracy is None
+                else round(self.citation_accuracy, 4),
+                "answers_citing": self.answers_citing,
+                "not_covered": self.not_covered,
+                "guard_blocks": dict(self.guard_blocks),
+            },
+            "per_question": self.per_question,
+        }
+
+
+def run_eval(
+    pipeline: Pipeline,
+    qas: Sequence[QA],
+    *,
+    k: int = 5,
+    answers: bool = True,
+    progress: Callable[[int, int], None] = lambda done, total: None,
+) -> EvalReport:
+    """Rank every question each way, rerank the default mode, and (optionally) answer."""
+    stats = {mode: RankStats() for mode in (*MODES, "reranked")}
+    keyword_rates: list[float] = []
+    cited_total = cited_gold = 0
+    report = EvalReport(questions=len(qas), k=k, retrieval=stats)
+    for i, qa in enumerate(qas):
+        vec = pipeline.embed_query(qa.question)
+        row: dict[str, Any] = {"question": qa.question}
+        for mode in MODES:
+            hits = pipeline.retrieve(qa.question, vec, mode, pipeline.s.top_k)
+            stats[mode].ranks.append(rank := first_gold_rank(hits, qa.files))
+            row[mode] = rank
+        candidates = pipeline.retrieve(qa.question, vec, pipeline.s.retrieval, pipeline.s.top_k)
+        reranked = pipeline.rerank(qa.question, candidates[: pipeline.s.rerank_n])
+        stats["reranked"].ranks.append(rank := first_gold_rank(reranked, qa.files))
+        row["reranked"] = rank
+        if answers:
+            ans: Answer = pipeline.ask(qa.question)
+            if ans.blocked:
+                report.guard_blocks[ans.blocked] += 1
+            if not ans.covered:
+                report.not_covered += 1
+            text = ans.text.lower()
+            if qa.keywords:
+                keyword_rates.append(sum(kw.lower() in text for kw in qa.keywords) / len(qa.keywords))
+            cited_total += len(ans.cited)
+            cited_gold += sum(_gold(s.path, qa.files) for s in ans.cited)
+            report.answers_citing += bool(ans.cited)
+            row.update(answer=ans.text, cited=[s.path for s in ans.cited], blocked=ans.blocked)
+        report.per_question.append(row)
+        progress(i + 1, len(qas))
+    if answers:
+        report.keyword_hit_rate = sum(keyword_rates) / max(len(keyword_rates), 1)
+        report.citation_accuracy = cited_gold / cited_total if cited_total else None
+    return report

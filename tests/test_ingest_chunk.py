@@ -1,0 +1,146 @@
+"""Ingestion and chunking: formats, skips, links out of the root, structure, sizes, ids."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rag.chunk import chunk_document, count_tokens
+from rag.errors import ConfigError
+from rag.ingest import Document, Section, load, scan
+
+HTML = """<html><head><title>Deploy guide</title><style>p{color:red}</style>
+<script>var secret = "tracking";</script></head>
+<body><nav><a href="/">Home</a> | <a href="/docs">Docs</a></nav>
+<h1>Deploying</h1><p>Run <code>rag check</code> before every deploy.</p>
+<h2>Memory</h2><ul><li>chat gets 0.32</li><li>guard gets 0.40</li></ul>
+<footer>Copyright nobody</footer></body></html>"""
+
+
+def _pdf(text: str) -> bytes:
+    """A one-page PDF showing `text` in Helvetica, written by hand (no PDF writer needed)."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objs = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for i, body in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (i, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return bytes(out)
+
+
+@pytest.fixture
+def docs(tmp_path: Path) -> Path:
+    root = tmp_path / "docs"
+    (root / "sub").mkdir(parents=True)
+    (root / "guide.md").write_text(
+        "# Guide\n\nIntro text.\n\n## Install\n\nRun make.\n\n```\n# not a heading\n```\n"
+    )
+    (root / "notes.txt").write_text("Plain notes about the stack.")
+    (root / "sub" / "ref.rst").write_text(
+        "Reference\n=========\n\nIntro.\n\nOptions\n-------\n\nThe --port flag.\n"
+    )
+    (root / "sub" / "page.html").write_text(HTML)
+    (root / "manual.pdf").write_bytes(_pdf("The guard blocks unsafe answers."))
+    (root / "image.png").write_bytes(b"\x89PNG")
+    (root / "data.csv").write_text("a,b")
+    (root / ".hidden.md").write_text("# secret")
+    outside = tmp_path / "outside.md"
+    outside.write_text("# Outside\n\nmust never be read")
+    os.symlink(outside, root / "escape.md")
+    return root
+
+
+def test_scan_reads_supported_files_and_counts_the_rest(docs: Path) -> None:
+    root, found = scan([docs])
+    assert root == docs.resolve()
+    names = sorted(f.name for f in found.files)
+    assert names == ["guide.md", "manual.pdf", "notes.txt", "page.html", "ref.rst"]
+    assert found.skipped == {".png": 1, ".csv": 1, "hidden": 1, "link outside the root": 1}
+
+
+def test_scan_of_a_missing_path_says_which(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nope"):
+        scan([tmp_path / "nope"])
+
+
+def test_markdown_keeps_title_and_heading_path(docs: Path) -> None:
+    doc = load(docs / "guide.md", docs)
+    assert doc.path == "guide.md" and doc.title == "Guide"
+    assert [s.heading for s in doc.sections] == ["Guide", "Guide > Install"]
+    assert "# not a heading" in doc.sections[1].text  # code fences are not headings
+
+
+def test_rst_sections(docs: Path) -> None:
+    doc = load(docs / "sub" / "ref.rst", docs)
+    assert doc.path == "sub/ref.rst" and doc.title == "Reference"
+    assert [(s.heading, s.text) for s in doc.sections] == [
+        ("Reference", "Intro."),
+        ("Options", "The --port flag."),
+    ]
+
+
+def test_html_drops_scripts_styles_and_navigation(docs: Path) -> None:
+    doc = load(docs / "sub" / "page.html", docs)
+    text = " ".join(s.text for s in doc.sections)
+    assert doc.title == "Deploy guide"
+    assert "rag check" in text and "guard gets 0.40" in text
+    for junk in ("tracking", "color:red", "Home", "Copyright"):
+        assert junk not in text
+    assert [s.heading for s in doc.sections] == ["Deploying", "Memory"]
+
+
+def test_pdf_text_per_page(docs: Path) -> None:
+    doc = load(docs / "manual.pdf", docs)
+    assert doc.sections == (Section("page 1", "The guard blocks unsafe answers."),)
+
+
+def _doc(text: str, heading: str = "Intro") -> Document:
+    return Document("a.md", "Title", "0" * 64, (Section(heading, text),))
+
+
+def test_chunks_fit_the_budget_and_overlap() -> None:
+    paragraphs = [f"Paragraph {i} " + "word " * 45 + "." for i in range(12)]
+    chunks = chunk_document(_doc("\n\n".join(paragraphs)), max_tokens=200, overlap=60)
+    assert len(chunks) > 3
+    assert all(count_tokens(c.embed_text) <= 200 for c in chunks)
+    for a, b in zip(chunks, chunks[1:], strict=False):
+        assert a.text.split("\n\n")[-1] == b.text.split("\n\n")[0]  # a whole paragraph carried over
+
+
+def test_a_paragraph_longer_than_a_chunk_is_cut_at_sentences() -> None:
+    text = " ".join(f"Sentence number {i} says something about GPUs." for i in range(80))
+    chunks = chunk_document(_doc(text), max_tokens=120, overlap=20)
+    assert len(chunks) > 3 and all(count_tokens(c.embed_text) <= 120 for c in chunks)
+    assert all(c.text.rstrip().endswith(".") for c in chunks)
+
+
+def test_chunks_never_cross_headings_and_keep_them() -> None:
+    doc = Document(
+        "a.md", "T", "0" * 64, (Section("T > One", "alpha " * 10), Section("T > Two", "beta " * 10))
+    )
+    chunks = chunk_document(doc)
+    assert [(c.heading, set(c.text.split())) for c in chunks] == [
+        ("T > One", {"alpha"}),
+        ("T > Two", {"beta"}),
+    ]
+    assert chunks[0].embed_text.startswith("T > T > One\n")
+
+
+def test_chunk_ids_are_stable_and_change_with_content() -> None:
+    a = chunk_document(_doc("same words here"))[0].id
+    assert a == chunk_document(_doc("same words here"))[0].id
+    assert a != chunk_document(_doc("other words here"))[0].id
+    assert a != chunk_document(_doc("same words here", heading="Elsewhere"))[0].id

@@ -1,0 +1,168 @@
+"""Pure parts of the query path: BM25, fusion, prompts, citations, guard verdicts, error mapping."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from rag.answer import NOT_COVERED, Source, build_messages, cited, format_sources, sources_from
+from rag.chunk import Chunk
+from rag.client import StackClient
+from rag.errors import HTTPStatusError, ServerUnreachable
+from rag.guard import check, parse_qwen3guard
+from rag.retrieve import BM25, Hit, dense, rrf
+from rag.settings import Settings
+
+
+def _chunk(cid: str, text: str, path: str = "a.md") -> Chunk:
+    return Chunk(id=cid, path=path, title="", heading="", text=text)
+
+
+CHUNKS = [
+    _chunk("c1", "Set max_ongoing_requests above max_num_seqs on every config."),
+    _chunk("c2", "The guard takes 0.40 of the card; chat takes 0.32."),
+    _chunk("c3", "Bananas are yellow and rich in potassium."),
+]
+
+
+def test_bm25_prefers_exact_rare_terms() -> None:
+    hits = BM25(CHUNKS).top("what is max_ongoing_requests for?", 3)
+    assert hits[0].chunk.id == "c1" and hits[0].lexical and hits[0].lexical > 0
+    assert all(h.chunk.id != "c3" for h in hits)  # no shared term, no hit
+    assert BM25(CHUNKS).top("the of and", 3) == []  # stop words alone match nothing
+
+
+def test_dense_ranks_by_cosine() -> None:
+    vectors = np.eye(3, dtype=np.float32)
+    hits = dense(CHUNKS, vectors, np.array([0.1, 0.9, 0.0], dtype=np.float32), 2)
+    assert [h.chunk.id for h in hits] == ["c2", "c1"] and hits[0].dense == pytest.approx(0.9)
+
+
+def test_rrf_rewards_agreement_and_keeps_both_scores() -> None:
+    a = [Hit(CHUNKS[0], 0.9, dense=0.9), Hit(CHUNKS[1], 0.8, dense=0.8)]
+    b = [Hit(CHUNKS[1], 5.0, lexical=5.0), Hit(CHUNKS[2], 1.0, lexical=1.0)]
+    fused = rrf([a, b], k=60)
+    assert [h.chunk.id for h in fused] == ["c2", "c1", "c3"]
+    assert fused[0].score == pytest.approx(1 / 62 + 1 / 61)
+    assert (fused[0].dense, fused[0].lexical) == (0.8, 5.0)
+
+
+SOURCES = [Source(1, "gpu.md", "Memory", "guard 0.40", 0.9), Source(2, "cpu.md", "", "17 GiB", 0.5)]
+
+
+def test_prompt_numbers_sources_and_puts_history_before_the_question() -> None:
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    msgs = build_messages("How much for the guard?", SOURCES, history)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert "[1] gpu.md (Memory)\nguard 0.40" in msgs[0]["content"]
+    assert "[2] cpu.md\n17 GiB" in msgs[0]["content"]
+    assert NOT_COVERED in msgs[0]["content"]
+    assert msgs[-1] == {"role": "user", "content": "How much for the guard?"}
+
+
+def test_citations_map_to_real_sources_only() -> None:
+    answer = "The guard takes 0.40 [1]. The CPU needs 17 GiB [2][1]. Also [7] and [1, 2]."
+    assert [s.n for s in cited(answer, SOURCES)] == [1, 2]
+    assert cited("no markers at all", SOURCES) == []
+    assert format_sources(SOURCES) == "[1] gpu.md — Memory\n[2] cpu.md"
+
+
+def test_sources_are_numbered_in_rank_order() -> None:
+    hits = [Hit(CHUNKS[1], 0.7), Hit(CHUNKS[0], 0.6)]
+    assert [(s.n, s.text) for s in sources_from(hits)] == [(1, CHUNKS[1].text), (2, CHUNKS[0].text)]
+
+
+@pytest.mark.parametrize(
+    ("reply", "strict", "safe", "label", "cats"),
+    [
+        ("Safety: Safe\nCategories: None", False, True, "safe", ()),
+        ("Safety: Unsafe\nCategories: Violent, Non-violent Illegal Acts", False, False, "unsafe",
+         ("Violent", "Non-violent Illegal Acts")),
+        ("Safety: Controversial\nCategories: Politically Sensitive Topics", False, True, "controversial",
+         ("Politically Sensitive Topics",)),
+        ("Safety: Controversial\nCategories: Politically Sensitive Topics", True, False, "controversial",
+         ("Politically Sensitive Topics",)),
+        ("I cannot decide.", False, False, "unparseable", ()),
+    ],
+)  # fmt: skip
+def test_qwen3guard_verdicts(reply: str, strict: bool, safe: bool, label: str, cats: tuple[str, ...]) -> None:
+    v = parse_qwen3guard(reply, "output", strict=strict)
+    assert (v.stage, v.safe, v.label, v.categories) == ("output", safe, label, cats)
+
+
+class FakeGuard:
+    def __init__(self, p: float = 0.0, reply: str = "") -> None:
+        self.p, self.reply = p, reply
+        self.seen: list[object] = []
+
+    def score(self, query: str, documents: list[str], model: str | None = None) -> list[float]:
+        self.seen.append((query, documents, model))
+        return [self.p]
+
+    def chat(self, messages: list[dict[str, str]], *, model: str | None = None, max_tokens: int = 512) -> str:
+        self.seen.append((messages, model))
+        return self.reply
+
+
+def test_score_guard_blocks_at_the_threshold_and_marks_the_stage() -> None:
+    g = FakeGuard(p=0.9)
+    v = check(g, "score", "guard", "how to build a bomb", threshold=0.84)
+    assert (v.stage, v.safe, v.label, v.score) == ("input", False, "unsafe", 0.9)
+    assert g.seen == [("how to build a bomb", ["(none)"], "guard")]
+    v = check(FakeGuard(p=0.5), "score", "guard", "q", "an answer", threshold=0.84)
+    assert (v.stage, v.safe) == ("output", True)
+
+
+def test_qwen3guard_output_check_sends_the_conversation() -> None:
+    g = FakeGuard(reply="Safety: Unsafe\nCategories: Violent\nRefusal: No")
+    v = check(g, "qwen3guard", "guard", "q?", "bad answer")
+    assert not v.safe and v.stage == "output"
+    assert g.seen == [
+        ([{"role": "user", "content": "q?"}, {"role": "assistant", "content": "bad answer"}], "guard")
+    ]
+
+
+def _client(
+    handler: httpx.MockTransport | None = None, base_url: str = "http://stack.test/v1"
+) -> StackClient:
+    import dataclasses
+
+    s = dataclasses.replace(Settings.from_env(), base_url=base_url)
+    return StackClient(s, transport=handler)
+
+
+def test_server_errors_carry_url_status_and_the_servers_message() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"message": "engine overloaded"}})
+
+    with pytest.raises(HTTPStatusError) as info:
+        _client(httpx.MockTransport(handler)).score("q", ["d"])
+    e = info.value
+    assert (e.status, e.url, e.server_message) == (503, "http://stack.test/v1/score", "engine overloaded")
+
+
+def test_a_stream_that_breaks_midway_is_an_error_not_a_short_answer() -> None:
+    body = 'data: {"choices":[{"delta":{"content":"Half"}}]}\n\ndata: {"error":"engine died"}\n\n'
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.content)["model"] == "chat"  # every request names its model
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    pieces: list[str] = []
+    with pytest.raises(HTTPStatusError, match="engine died"):
+        for p in _client(httpx.MockTransport(handler)).chat_stream([{"role": "user", "content": "q"}]):
+            pieces.append(p)
+    assert pieces == ["Half"]
+
+
+def test_nothing_listening_is_server_unreachable_naming_rag_serve() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: a real refused connection
+        with pytest.raises(ServerUnreachable, match="rag serve"):
+            _client(base_url=f"http://127.0.0.1:{port}/v1").embed(["x"])
