@@ -165,5 +165,5 @@ def test_missing_or_broken_index_says_to_run_rag_index(tmp_path: Path, setup, ne
 
 def test_a_folder_with_nothing_indexable_is_refused(tmp_path: Path) -> None:
     (tmp_path / "only.png").write_bytes(b"x")
-    with pytest.raises(ConfigError, match="1 .png"):
+    with pytest.raises(ConfigError, match=r"1 \.png"):
         build([tmp_path], tmp_path / "ix", HashEmbedder(), "embed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def test_chunks_fit_the_budget_and_overlap() -> None:
     chunks = chunk_document(_doc("\n\n".join(paragraphs)), max_tokens=200, overlap=60)
     assert len(chunks) > 3
     assert all(count_tokens(c.embed_text) <= 200 for c in chunks)
-    for a, b in zip(chunks, chunks[1:], strict=False):
+    for a, b in itertools.pairwise(chunks):
         assert a.text.split("\n\n")[-1] == b.text.split("\n\n")[0]  # a whole paragraph carried over
 
 
