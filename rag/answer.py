@@ -17,9 +17,19 @@ __all__ = ["NOT_COVERED", "Source", "build_messages", "cited", "format_sources"]
 NOT_COVERED = "The indexed documents do not cover this question."
 
 SYSTEM = (
-    "You answer questions using only the numbered sources below. Cite every claim with the "
-    "source number in square brackets, like [1] or [2]. If the sources do not contain the "
-    f'answer, reply exactly: "{NOT_COVERED}" Be concise.'
+    "Answer questions from the numbered sources only, in one to three sentences. Put the number "
+    "of the source after each sentence in square brackets. If the sources do not contain the "
+    f"answer, reply: {NOT_COVERED}"
+)
+# One worked example: small chat models copy a shown citation format far more reliably
+# than they follow a described one (dev set, Qwen2.5 0.5B: 5/10 answers cited vs 1/10).
+EXAMPLE = (
+    {
+        "role": "user",
+        "content": "Sources:\n[1] The cache lives in /var/cache/app and is cleared on restart.\n\n"
+        "[2] Logs are written to /var/log/app.log.\n\nQuestion: Where are the logs written?",
+    },
+    {"role": "assistant", "content": "The logs are written to /var/log/app.log [2]."},
 )
 
 _CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
@@ -44,14 +54,15 @@ def sources_from(hits: Sequence[Hit]) -> list[Source]:
 def build_messages(
     question: str, sources: Sequence[Source], history: Sequence[dict[str, str]] = ()
 ) -> list[dict[str, str]]:
-    """System instructions + sources, then the conversation so far, then the question."""
+    """Instructions, a worked example, the conversation so far, then sources + question."""
     blocks = "\n\n".join(
         f"[{s.n}] {s.path}" + (f" ({s.heading})" if s.heading else "") + f"\n{s.text}" for s in sources
     )
     return [
-        {"role": "system", "content": f"{SYSTEM}\n\nSources:\n\n{blocks}"},
+        {"role": "system", "content": SYSTEM},
+        *EXAMPLE,
         *history,
-        {"role": "user", "content": question},
+        {"role": "user", "content": f"Sources:\n{blocks}\n\nQuestion: {question}"},
     ]
 
 

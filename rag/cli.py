@@ -18,7 +18,7 @@ from rag.answer import format_sources
 from rag.client import StackClient
 from rag.errors import ConfigError, RagError
 from rag.guard import GUARD_FORMATS
-from rag.pipeline import MODES, Answer, Pipeline
+from rag.pipeline import MODES, RERANK_MODES, Answer, Pipeline
 from rag.retrieve import Hit
 from rag.settings import (
     CPU_MODEL_SETS,
@@ -277,6 +277,10 @@ def _settings(base_url: str | None, api_key: str | None, index_dir: Path | None,
     s = dataclasses.replace(s, **changes)
     if s.retrieval not in MODES:
         raise ConfigError(f"retrieval mode {s.retrieval!r}: choose one of {', '.join(MODES)} (RAG_RETRIEVAL)")
+    if s.rerank_mode not in RERANK_MODES:
+        raise ConfigError(
+            f"rerank mode {s.rerank_mode!r}: choose one of {', '.join(RERANK_MODES)} (RAG_RERANK_MODE)"
+        )
     if s.guard_format not in GUARD_FORMATS:
         raise ConfigError(
             f"guard format {s.guard_format!r}: choose one of {', '.join(GUARD_FORMATS)} (RAG_GUARD_FORMAT)"

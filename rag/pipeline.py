@@ -19,12 +19,13 @@ from rag.client import StackClient
 from rag.guard import Verdict
 from rag.guard import check as guard_check
 from rag.index import PROBE, Index
-from rag.retrieve import BM25, Hit, dense, fuse
+from rag.retrieve import BM25, Hit, dense, fuse, rrf
 from rag.settings import Settings
 
-__all__ = ["MODES", "Answer", "Pipeline"]
+__all__ = ["MODES", "RERANK_MODES", "Answer", "Pipeline"]
 
 MODES = ("dense", "lexical", "fused")
+RERANK_MODES = ("order", "blend", "floor")
 _SENTENCE_END = re.compile(r"[.!?\n]\s")
 
 
@@ -96,13 +97,25 @@ class Pipeline:
         raise ValueError(f"unknown retrieval mode {mode!r}; choose one of {', '.join(MODES)}")
 
     def rerank(self, query: str, hits: Sequence[Hit]) -> list[Hit]:
-        """Rescore the candidates through /v1/score and sort by that score."""
+        """Rescore the candidates through /v1/score and order them per RAG_RERANK_MODE:
+        `order` by the rerank score, `blend` by RRF of retrieval and rerank ranks, `floor`
+        keeping the retrieval order (the scores then only gate the relevance floor)."""
         scores = self.client.score(query, [h.chunk.embed_text for h in hits])
         rescored = [
             Hit(h.chunk, s, dense=h.dense, lexical=h.lexical, rerank=s)
             for h, s in zip(hits, scores, strict=True)
         ]
-        return sorted(rescored, key=lambda h: -h.score)
+        by_rerank = sorted(rescored, key=lambda h: -h.score)
+        if self.s.rerank_mode == "order":
+            return by_rerank
+        if self.s.rerank_mode == "floor":
+            return rescored
+        rerank_of = {h.chunk.id: h.rerank for h in rescored}
+        blended = rrf([rescored, by_rerank])
+        return [
+            Hit(h.chunk, h.score, dense=h.dense, lexical=h.lexical, rerank=rerank_of[h.chunk.id])
+            for h in blended
+        ]
 
     def search(
         self,
@@ -150,7 +163,8 @@ class Pipeline:
             ans.blocked = "input"
             return ans
         ans.hits = self.search(question, timings=ans.timings)
-        good = [h for h in ans.hits if h.score >= self.s.min_score][: self.s.sources]
+        good = [h for h in ans.hits if (h.rerank if h.rerank is not None else h.score) >= self.s.min_score]
+        good = good[: self.s.sources]
         if not good:
             ans.covered = False
             ans.text = NOT_COVERED

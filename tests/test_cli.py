@@ -134,3 +134,74 @@ def test_serve_names_the_engine_that_failed_to_load(fake_models: Path, tmp_path:
     assert len(errors) == 1, proc.stderr[-3000:]
     assert "failed to load" in errors[0] and "engine `" in errors[0]
     assert "stopped" in proc.stderr
+
+
+# ---------------------------------------------------------------- asking commands
+
+
+@pytest.fixture
+def nowhere(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A base URL where nothing listens (a real refused connection)."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    monkeypatch.setenv("RAG_BASE_URL", url)
+    return url
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["index", "corpus"], ["ask", "what?"], ["search", "what?"], ["eval", "eval/dev.jsonl"]],
+    ids=["index", "ask", "search", "eval"],
+)
+def test_server_unreachable_is_one_line_naming_rag_serve(
+    runner: CliRunner, nowhere: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    from tests.test_index import HashEmbedder
+    from rag.index import build
+
+    build([ROOT / "corpus"], tmp_path / "ix", HashEmbedder(), "embed")  # so the index exists
+    monkeypatch.setenv("RAG_INDEX_DIR", str(tmp_path / "ix"))
+    result = runner.invoke(main, args)
+    assert result.exit_code == 1, result.output
+    line = one_line_error(result.output)
+    assert nowhere in line and "rag serve" in line
+
+
+@pytest.mark.parametrize(
+    "args", [["ask", "what?"], ["search", "what?"], ["chat"]], ids=["ask", "search", "chat"]
+)
+def test_missing_index_says_to_run_rag_index(runner: CliRunner, tmp_path: Path, args: list[str]) -> None:
+    result = runner.invoke(main, [*args, "--index", str(tmp_path / "none")])
+    assert result.exit_code == 1
+    assert "rag index" in one_line_error(result.output)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["index", "nowhere/"], {}, "no such file or folder: nowhere"),
+        (["eval", "missing.jsonl"], {}, "missing.jsonl not found"),
+        (["ask", "q"], {"RAG_TOP_K": "many"}, "RAG_TOP_K='many' is not a whole number"),
+        (["ask", "q"], {"RAG_RERANK_MODE": "best"}, "RAG_RERANK_MODE"),
+        (["ask", "q"], {"RAG_GUARD_FORMAT": "llamaguard"}, "RAG_GUARD_FORMAT"),
+    ],
+)
+def test_bad_input_gets_a_message_that_says_what_to_do(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str], needle: str
+) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    result = runner.invoke(main, args)
+    assert result.exit_code == 1
+    assert needle in one_line_error(result.output)
+
+
+def test_bad_qa_file_names_the_line(runner: CliRunner, tmp_path: Path) -> None:
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"question": "ok?", "files": ["a.md"]}\n{"files": ["b.md"]}\n')
+    result = runner.invoke(main, ["eval", str(qa)])
+    assert result.exit_code == 1
+    assert f"{qa}:2" in one_line_error(result.output)
+
+
+def test_overlap_not_below_chunk_size_is_misuse(runner: CliRunner) -> None:
+    assert runner.invoke(main, ["index", "corpus", "--max-tokens", "64", "--overlap", "64"]).exit_code == 2

@@ -56,11 +56,13 @@ SOURCES = [Source(1, "gpu.md", "Memory", "guard 0.40", 0.9), Source(2, "cpu.md",
 def test_prompt_numbers_sources_and_puts_history_before_the_question() -> None:
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     msgs = build_messages("How much for the guard?", SOURCES, history)
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
-    assert "[1] gpu.md (Memory)\nguard 0.40" in msgs[0]["content"]
-    assert "[2] cpu.md\n17 GiB" in msgs[0]["content"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert NOT_COVERED in msgs[0]["content"]
-    assert msgs[-1] == {"role": "user", "content": "How much for the guard?"}
+    assert msgs[3:5] == history
+    last = msgs[-1]["content"]
+    assert "[1] gpu.md (Memory)\nguard 0.40" in last and "[2] cpu.md\n17 GiB" in last
+    assert last.endswith("Question: How much for the guard?")
+    assert cited(msgs[2]["content"], [Source(2, "x", "", "", 1.0)])  # the example cites as we parse
 
 
 def test_citations_map_to_real_sources_only() -> None:
