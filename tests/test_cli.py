@@ -155,8 +155,8 @@ def nowhere(monkeypatch: pytest.MonkeyPatch) -> str:
 def test_server_unreachable_is_one_line_naming_rag_serve(
     runner: CliRunner, nowhere: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
 ) -> None:
-    from tests.test_index import HashEmbedder
     from rag.index import build
+    from tests.test_index import HashEmbedder
 
     build([ROOT / "corpus"], tmp_path / "ix", HashEmbedder(), "embed")  # so the index exists
     monkeypatch.setenv("RAG_INDEX_DIR", str(tmp_path / "ix"))
