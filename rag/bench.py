@@ -1,0 +1,456 @@
+"""`rag bench`: the stack's chat engine against one-request-at-a-time `generate`.
+
+Each system is started, swept over concurrency levels with the same seeded
+workload, and stopped before the next one starts, so they never share cores.
+Every request streams, so time to first token is measured at the first
+content chunk; `ignore_eos` fixes every answer's length at `max_tokens` on both
+systems, so output tokens/s compare like with like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rag.errors import ServeError
+
+__all__ = ["LevelResult", "Managed", "knee", "run_sweep", "workload"]
+
+Log = Callable[[str], None]
+
+_WORDS = (
+    "engine memory batch token cache request model guard score embed index chunk query answer source "
+    "latency throughput card share budget layer head vector document retrieval rerank prompt stream "
+    "server client config deploy profile worker replica ingress schedule queue kernel tensor weight"
+).split()
+
+
+def workload(n: int, seed: int, words: tuple[int, int] = (40, 160)) -> list[str]:
+    """n seeded prompts with lengths drawn uniformly from `words` (the same for every system)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        body = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(*words)))
+        out.append(f"Summarize these notes in a few sentences: {body}")
+    return out
+
+
+@dataclass
+class LevelResult:
+    """One concurrency level on one system."""
+
+    concurrency: int
+    requests: int
+    errors: int
+    wall_s: float
+    output_tokens: int
+    ttft_s: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+
+    @property
+    def rps(self) -> float:
+        return (self.requests - self.errors) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        def pct(xs: list[float], q: float) -> float | None:
+            if not xs:
+                return None
+            return (
+                round(statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1], 4)
+                if len(xs) > 1
+                else round(xs[0], 4)
+            )
+
+        return {
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "errors": self.errors,
+            "wall_s": round(self.wall_s, 3),
+            "rps": round(self.rps, 4),
+            "output_tokens_per_s": round(self.tokens_per_s, 2),
+            **{f"ttft_p{q}_s": pct(self.ttft_s, q) for q in (50, 95, 99)},
+            **{f"latency_p{q}_s": pct(self.latency_s, q) for q in (50, 95, 99)},
+        }
+
+
+async def _one(
+    client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int
+) -> tuple[float, float, int]:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    start = time.perf_counter()
+    ttft = None
+    tokens = 0
+    async with client.stream("POST", "/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            raise RuntimeError(f"{r.status_code}: {r.text[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"].get("completion_tokens") or 0)
+    if ttft is None:
+        raise RuntimeError("stream ended without content")
+    return ttft, time.perf_counter() - start, tokens
+
+
+async def _level(
+    base_url: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int
+) -> LevelResult:
+    res = LevelResult(concurrency, len(prompts), 0, 0.0, 0)
+    queue = list(prompts)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=base_url, timeout=1800, limits=limits) as client:
+
+        async def worker() -> None:
+            while queue:
+                prompt = queue.pop()
+                try:
+                    ttft, lat, tokens = await _one(client, model, prompt, max_tokens)
+                except Exception:  # counted, not fatal: the sweep goes on
+                    res.errors += 1
+                    continue
+                res.ttft_s.append(ttft)
+                res.latency_s.append(lat)
+                res.output_tokens += tokens
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        res.wall_s = time.perf_counter() - start
+    return res
+
+
+def run_sweep(
+    base_url: str,
+    model: str,
+    levels: Sequence[int],
+    *,
+    min_requests: int,
+    max_tokens: int,
+    seed: int,
+    log: Log,
+) -> list[LevelResult]:
+    """Every level with max(level, min_requests) requests of the seeded workload, after one warm-up."""
+    asyncio.run(_level(base_url, model, workload(2, seed + 999), 2, max_tokens))  # warm-up, not counted
+    out = []
+    for c in levels:
+        prompts = workload(max(c, min_requests), seed + c)
+        r = asyncio.run(_level(base_url, model, prompts, c, max_tokens))
+        s = r.summary()
+        log(
+            f"  c={c:<3} {s['output_tokens_per_s']:8.1f} tok/s  ttft p50 {s['ttft_p50_s']}s  "
+            f"p95 latency {s['latency_p95_s']}s  errors {r.errors}"
+        )
+        out.append(r)
+    return out
+
+
+def knee(levels: Sequence[dict[str, Any]], gain: float = 1.10) -> int | None:
+    """The last concurrency before output tokens/s grows by less than `gain` x; None if it never stops."""
+    for prev, cur in itertools.pairwise(levels):
+        if cur["output_tokens_per_s"] < gain * prev["output_tokens_per_s"]:
+            return int(prev["concurrency"])
+    return None
+
+
+# --------------------------------------------------------------------------- systems
+
+
+class Managed:
+    """A server process this bench starts, waits for and stops (with everything it spawned)."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, ready_timeout_s: float, log: Log) -> None:
+        self.name, self.log = name, log
+        self.log_file = log_path.open("w")
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self.log_file, text=True, start_new_session=True
+        )
+        box: list[str] = []
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                box.append(line.strip())
+                return
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        t.join(ready_timeout_s)
+        if not box or not box[0].startswith("http"):
+            self.stop()
+            raise ServeError(f"{name} did not start in {ready_timeout_s:.0f} s; see {log_path}")
+        self.url = box[0]
+
+    def stop(self) -> None:
+        import psutil
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=120)
+        for p in psutil.process_iter():
+            try:
+                if os.getsid(p.pid) == self.proc.pid:
+                    p.kill()
+            except (psutil.Error, OSError):
+                continue
+        self.log_file.close()
+
+
+def start_stack(port: int, workdir: Path, log: Log) -> Managed:
+    log(f"starting the stack on port {port} (a few minutes on CPU) ...")
+    cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", str(port)]
+    return Managed("the stack", cmd, workdir / "stack.log", 1200, log)
+
+
+def start_baseline(model_dir: str, port: int, workdir: Path, log: Log) -> Managed:
+    log(f"starting the one-at-a-time baseline on port {port} ...")
+    cmd = [sys.executable, "-m", "rag.baseline", "--model", model_dir, "--port", str(port)]
+    return Managed("the baseline", cmd, workdir / "baseline.log", 600, log)
+
+
+# --------------------------------------------------------------------------- extras
+
+
+def embeddings_throughput(
+    base_url: str, model: str, batch_sizes: Sequence[int], texts: int = 256
+) -> list[dict[str, Any]]:
+    """texts/s for /v1/embeddings at each batch size, 4 requests in flight."""
+    corpus = workload(texts, 7, words=(20, 60))
+    out = []
+    with httpx.Client(base_url=base_url, timeout=600) as client:
+        for b in batch_sizes:
+            batches = [corpus[i : i + b] for i in range(0, len(corpus), b)]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(4) as pool:
+                list(
+                    pool.map(
+                        lambda batch: client.post(
+                            "/embeddings", json={"model": model, "input": batch}
+                        ).raise_for_status(),
+                        batches,
+                    )
+                )
+            wall = time.perf_counter() - start
+            out.append({"batch_size": b, "texts": len(corpus), "texts_per_s": round(len(corpus) / wall, 2)})
+    return out
+
+
+def score_throughput(base_url: str, model: str, requests: int = 16, pairs: int = 8) -> dict[str, Any]:
+    """pairs/s for /v1/score: `requests` requests of `pairs` documents each, 4 in flight."""
+    docs = workload(requests * pairs, 11, words=(30, 80))
+    with httpx.Client(base_url=base_url, timeout=600) as client:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            list(
+                pool.map(
+                    lambda i: client.post(
+                        "/score",
+                        json={
+                            "model": model,
+                            "text_1": "how is memory split?",
+                            "text_2": docs[i * pairs : (i + 1) * pairs],
+                        },
+                    ).raise_for_status(),
+                    range(requests),
+                )
+            )
+        wall = time.perf_counter() - start
+    return {
+        "requests": requests,
+        "pairs_per_request": pairs,
+        "pairs_per_s": round(requests * pairs / wall, 2),
+    }
+
+
+def ask_latency(
+    base_url: str, corpus: Path, questions: Sequence[str], concurrencies: Sequence[int], workdir: Path
+) -> list[dict[str, Any]]:
+    """Mean seconds per `rag ask` stage at each concurrency, over an index of `corpus`."""
+    import dataclasses
+
+    from rag.client import StackClient
+    from rag.index import build, load_index
+    from rag.pipeline import Pipeline
+    from rag.settings import Settings
+
+    s = dataclasses.replace(Settings.from_env(), base_url=base_url.rstrip("/"), index_dir=workdir / "index")
+    with StackClient(s) as client:
+        build([corpus], s.index_dir, client, s.embed_model)
+        pipe = Pipeline(s, client, load_index(s.index_dir))
+        out = []
+        for c in concurrencies:
+            qs = [questions[i % len(questions)] for i in range(max(c, len(questions)))]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                answers = list(pool.map(pipe.ask, qs))
+            wall = time.perf_counter() - start
+            stages = sorted({k for a in answers for k in a.timings})
+            out.append(
+                {
+                    "concurrency": c,
+                    "questions": len(qs),
+                    "wall_s": round(wall, 2),
+                    "mean_stage_s": {
+                        k: round(statistics.mean(a.timings.get(k, 0.0) for a in answers), 4) for k in stages
+                    },
+                    "blocked": sum(1 for a in answers if a.blocked),
+                }
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- report
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import psutil
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The sweep as a markdown table, ours beside the baseline."""
+    systems = report["systems"]
+    names = list(systems)
+    m = report["machine"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB. "
+        f"Workload: seed {report['seed']}, {report['max_tokens']} output tokens per request (ignore_eos), "
+        "prompts of 40-160 words.",
+        "",
+        "| concurrency | "
+        + " | ".join(
+            f"{n} tok/s | {n} req/s | {n} TTFT p50/p95 s | {n} latency p50/p95/p99 s | {n} errors"
+            for n in names
+        )
+        + (" | ours/baseline tok/s |" if {"ours", "baseline"} <= set(names) else " |"),
+        "|---" * (1 + 5 * len(names) + ({"ours", "baseline"} <= set(names))) + "|",
+    ]
+    by_c = {n: {lv["concurrency"]: lv for lv in systems[n]["levels"]} for n in names}
+    for c in sorted({c for n in names for c in by_c[n]}):
+        cells = [str(c)]
+        for n in names:
+            lv = by_c[n].get(c)
+            if lv is None:
+                cells += ["-"] * 5
+                continue
+            cells += [
+                f"{lv['output_tokens_per_s']:.1f}",
+                f"{lv['rps']:.2f}",
+                f"{lv['ttft_p50_s']}/{lv['ttft_p95_s']}",
+                f"{lv['latency_p50_s']}/{lv['latency_p95_s']}/{lv['latency_p99_s']}",
+                str(lv["errors"]),
+            ]
+        if {"ours", "baseline"} <= set(names):
+            o, b = by_c["ours"].get(c), by_c["baseline"].get(c)
+            cells.append(
+                f"{o['output_tokens_per_s'] / b['output_tokens_per_s']:.1f}x"
+                if o and b and b["output_tokens_per_s"]
+                else "-"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    for n in names:
+        k = systems[n].get("knee")
+        lines.append(
+            f"\n{n}: throughput "
+            + (f"stops growing after concurrency {k}." if k else "still growing at the last level.")
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Throughput and p95 latency against concurrency, both systems."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = report["machine"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, sys_ in report["systems"].items():
+        cs = [lv["concurrency"] for lv in sys_["levels"]]
+        a.plot(cs, [lv["output_tokens_per_s"] for lv in sys_["levels"]], marker="o", label=name)
+        b.plot(cs, [lv["latency_p95_s"] for lv in sys_["levels"]], marker="o", label=name)
+    for ax, title, ylabel in (
+        (a, "Output throughput", "tokens/s"),
+        (b, "End-to-end latency, p95", "seconds"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    b.set_yscale("log")
+    fig.suptitle(
+        f"chat engine vs one-at-a-time generate ({m['cpu']}, {m['cores']} cores)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summarize(levels: list[LevelResult]) -> dict[str, Any]:
+    rows = [lv.summary() for lv in levels]
+    return {"levels": rows, "knee": knee(rows)}
+
+
+def write(report: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "bench.md").write_text(markdown(report))
+    plot(report, out / "bench.png")
+
+
+def level_results_asdict(levels: list[LevelResult]) -> list[dict[str, Any]]:
+    return [asdict(lv) for lv in levels]
