@@ -22,15 +22,18 @@ __all__ = ["main"]
 
 
 class _Model:
-    def __init__(self, path: str, dtype: str, threads: int) -> None:
+    def __init__(self, path: str, dtype: str, threads: int, device: str) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads)
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-        self.model.eval()  # type: ignore[no-untyped-call]
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        self.model.to(device).eval()  # type: ignore[arg-type]
         self.lock = threading.Lock()  # the point of the baseline: one generation at a time
 
     def generate(
@@ -41,6 +44,7 @@ class _Model:
         encoded: Any = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
         # transformers 5 may return a BatchEncoding where 4 returned the tensor itself
         ids: Any = encoded if isinstance(encoded, self.torch.Tensor) else encoded["input_ids"]
+        ids = ids.to(self.device)
         streamer = TextIteratorStreamer(self.tok, skip_prompt=True, skip_special_tokens=True)
         out: dict[str, Any] = {}
         kwargs = {
@@ -168,8 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8200)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     args = p.parse_args(argv)
-    model = _Model(args.model, args.dtype, args.threads)
+    model = _Model(args.model, args.dtype, args.threads, args.device)
     server = ThreadingHTTPServer((args.host, args.port), _handler(model, args.model_id))
     print(f"http://{args.host}:{args.port}/v1", flush=True)
     try:

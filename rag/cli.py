@@ -663,8 +663,11 @@ def evaluate(
     help="Use this running stack instead of starting one.",
 )
 @click.option("--baseline-url", default=None, help="Use this running baseline instead of starting one.")
-@click.option("--baseline-model", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Weights for the baseline [default: the CPU chat model folder].")  # fmt: skip
+@click.option(
+    "--baseline-model",
+    default=None,
+    help="Weights (folder or hub id) for the baseline [default: CPU chat folder].",
+)
 @click.option(
     "--extras/--no-extras",
     default=True,
@@ -687,7 +690,7 @@ def evaluate(
 @friendly
 def bench(
     levels: str, min_requests: int, max_tokens: int, seed: int, systems: str, ours_url: str | None,
-    baseline_url: str | None, baseline_model: Path | None, extras: bool, out: Path, port: int,
+    baseline_url: str | None, baseline_model: str | None, extras: bool, out: Path, port: int,
 ) -> None:  # fmt: skip
     """Sweep concurrency against the stack's chat engine and a one-at-a-time baseline.
 
