@@ -62,7 +62,7 @@ class _Model:
                 out["seq"] = self.model.generate(**kwargs)
 
         with self.lock:
-            worker = threading.Thread(target=run)
+            worker = threading.Thread(target=run, daemon=True)
             worker.start()
             for text in streamer:
                 if text:
@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     args = p.parse_args(argv)
     model = _Model(args.model, args.dtype, args.threads, args.device)
+    # socketserver's listen backlog is 5: a sweep at 32 concurrent requests would be
+    # refused at the door instead of queueing, which is what this baseline is about.
+    ThreadingHTTPServer.request_queue_size = 256
     server = ThreadingHTTPServer((args.host, args.port), _handler(model, args.model_id))
     print(f"http://{args.host}:{args.port}/v1", flush=True)
     try:

@@ -214,20 +214,27 @@ class Managed:
             raise ServeError(f"{name} did not start in {ready_timeout_s:.0f} s; see {log_path}")
         self.url = box[0]
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 180) -> list[int]:
+        """Ctrl-C the server, wait for it, then kill whatever of its session outlived it.
+
+        Returns the pids that had to be killed (empty when it cleaned up after itself)."""
         import psutil
 
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=120)
+                self.proc.wait(timeout=timeout_s)
+        time.sleep(1)
+        killed = []
         for p in psutil.process_iter():
             try:
-                if os.getsid(p.pid) == self.proc.pid:
+                if os.getsid(p.pid) == self.proc.pid and p.status() != psutil.STATUS_ZOMBIE:
                     p.kill()
+                    killed.append(p.pid)
             except (psutil.Error, OSError):
                 continue
         self.log_file.close()
+        return killed
 
 
 def start_stack(port: int, workdir: Path, log: Log) -> Managed:

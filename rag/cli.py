@@ -265,6 +265,16 @@ def stack_options(fn: F) -> F:
     return fn
 
 
+mode_option = click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    envvar="RAG_RETRIEVAL",
+    default=None,
+    show_envvar=True,
+    help="Retrieval mode [default: fused].",
+)
+
+
 def _settings(base_url: str | None, api_key: str | None, index_dir: Path | None, **more: Any) -> Settings:
     s = Settings.from_env()
     changes: dict[str, Any] = {k: v for k, v in more.items() if v is not None}
@@ -385,14 +395,7 @@ def index(
 @main.command(context_settings=CONTEXT)
 @click.argument("query")
 @stack_options
-@click.option(
-    "--mode",
-    type=click.Choice(MODES),
-    envvar="RAG_RETRIEVAL",
-    default=None,
-    show_envvar=True,
-    help="Retrieval mode [default: fused].",
-)
+@mode_option
 @click.option(
     "--rerank/--no-rerank",
     default=True,
@@ -492,14 +495,7 @@ def _print_answer_tail(a: Answer) -> None:
 @main.command(context_settings=CONTEXT)
 @click.argument("question")
 @stack_options
-@click.option(
-    "--mode",
-    type=click.Choice(MODES),
-    envvar="RAG_RETRIEVAL",
-    default=None,
-    show_envvar=True,
-    help="Retrieval mode [default: fused].",
-)
+@mode_option
 @click.option(
     "--json",
     "as_json",
@@ -540,14 +536,7 @@ def ask(
 
 @main.command(context_settings=CONTEXT)
 @stack_options
-@click.option(
-    "--mode",
-    type=click.Choice(MODES),
-    envvar="RAG_RETRIEVAL",
-    default=None,
-    show_envvar=True,
-    help="Retrieval mode [default: fused].",
-)
+@mode_option
 @friendly
 def chat(base_url: str | None, api_key: str | None, index_dir: Path | None, mode: str | None) -> None:
     """Talk with your documents, turn after turn (empty line, /quit or Ctrl-D ends).

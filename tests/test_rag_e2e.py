@@ -58,7 +58,9 @@ def test_search_shows_scores_for_each_stage(indexed: dict[str, str]) -> None:
     assert code == 0
     hits = json.loads(out)
     assert hits[0]["path"] == "troubleshooting.md"
-    assert all(h["rerank"] is not None and 0 <= h["rerank"] <= 1 for h in hits)
+    assert all(h["dense"] is not None or h["lexical"] is not None for h in hits)
+    scored = [h["rerank"] for h in hits if h["rerank"] is not None]
+    assert len(scored) >= 3 and all(0 <= r <= 1 for r in scored)  # at least the would-be sources
 
 
 def test_ask_answers_citing_the_right_file(indexed: dict[str, str]) -> None:
