@@ -108,3 +108,10 @@ def test_index_from_another_embedding_model_is_refused(indexed: dict[str, str], 
     code, out = _run({**indexed, "RAG_INDEX_DIR": str(foreign)}, "search", "gpu memory")
     assert code == 1
     assert "rebuild it with `rag index PATH`" in out
+
+
+def test_chat_keeps_the_conversation_across_turns(indexed: dict[str, str]) -> None:
+    turns = "What exit code does rag ask use when the guard refuses?\nAnd what does it print then?\n/quit\n"
+    result = CliRunner().invoke(main, ["chat"], env=indexed, input=turns)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("guard.md") >= 2  # each turn answered from, and listing, the guard page
