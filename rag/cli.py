@@ -542,7 +542,7 @@ def chat(base_url: str | None, api_key: str | None, index_dir: Path | None, mode
     """Talk with your documents, turn after turn (empty line, /quit or Ctrl-D ends).
 
     Each turn sends the whole conversation so far: the server keeps no state.
-    Retrieval uses the current question.
+    Retrieval uses the current and the previous question, so follow-ups work.
 
     \b
     Example:

@@ -165,7 +165,10 @@ class Pipeline:
         if not v.safe:
             ans.blocked = "input"
             return ans
-        ans.hits = self.search(question, timings=ans.timings)
+        # A follow-up ("and what does it print?") means little alone: retrieve with the
+        # previous question too. The model still sees the whole conversation.
+        previous = [m["content"] for m in history if m.get("role") == "user"][-1:]
+        ans.hits = self.search(" ".join([*previous, question]), timings=ans.timings)
         good = [h for h in ans.hits if (h.rerank if h.rerank is not None else h.score) >= self.s.min_score]
         good = good[: self.s.sources]
         if not good:
