@@ -52,3 +52,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             f"rag serve exited {server.proc.returncode}:\n{log.read_text()[-3000:]}"
         )
         assert not killed, f"rag serve left processes behind: {killed}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run every test that needs the shared stack last, after those that boot their own
+    Ray cluster (two four-engine clusters at once would not fit in 24 GiB)."""
+    items.sort(key=lambda item: "stack" in getattr(item, "fixturenames", ()))
