@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import threading
 import time
 import uuid
@@ -179,11 +180,15 @@ def main(argv: list[str] | None = None) -> None:
     # refused at the door instead of queueing, which is what this baseline is about.
     ThreadingHTTPServer.request_queue_size = 256
     server = ThreadingHTTPServer((args.host, args.port), _handler(model, args.model_id))
+    # Stop on SIGINT and SIGTERM even when started with SIGINT ignored (a background job).
+    def stop(signum: int, frame: object) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     print(f"http://{args.host}:{args.port}/v1", flush=True)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
         server.server_close()
 
