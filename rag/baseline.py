@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     # refused at the door instead of queueing, which is what this baseline is about.
     ThreadingHTTPServer.request_queue_size = 256
     server = ThreadingHTTPServer((args.host, args.port), _handler(model, args.model_id))
+
     # Stop on SIGINT and SIGTERM even when started with SIGINT ignored (a background job).
     def stop(signum: int, frame: object) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()

@@ -108,8 +108,11 @@ class Pipeline:
         by_rerank = sorted(rescored, key=lambda h: -h.score)
         if self.s.rerank_mode == "order":
             return by_rerank
-        if self.s.rerank_mode == "floor":
-            return rescored
+        if self.s.rerank_mode == "floor":  # keep the retrieval order and scores
+            return [
+                Hit(h.chunk, h.score, dense=h.dense, lexical=h.lexical, rerank=s)
+                for h, s in zip(hits, scores, strict=True)
+            ]
         rerank_of = {h.chunk.id: h.rerank for h in rescored}
         blended = rrf([rescored, by_rerank])
         return [

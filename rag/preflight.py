@@ -8,6 +8,7 @@ what is wrong and how to fix it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import importlib.util
 import os
@@ -179,7 +180,8 @@ def _import(module_path: Path, profile: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import {module_path}")
     module = importlib.util.module_from_spec(spec)
-    with _env(RAG_PROFILE=profile):
+    # vLLM logs to stdout when first imported; stdout is for the report (--json).
+    with _env(RAG_PROFILE=profile), contextlib.redirect_stdout(sys.stderr):
         try:
             spec.loader.exec_module(module)
         except Exception as exc:  # the user's module: any failure is a finding
