@@ -113,7 +113,7 @@ def _doc(text: str, heading: str = "Intro") -> Document:
 
 
 def test_chunks_fit_the_budget_and_overlap() -> None:
-    paragraphs = [f"Paragraph {i} " + "word " * 45 + "." for i in range(12)]
+    paragraphs = [f"Paragraph {i} " + "word " * 20 + "." for i in range(20)]
     chunks = chunk_document(_doc("\n\n".join(paragraphs)), max_tokens=200, overlap=60)
     assert len(chunks) > 3
     assert all(count_tokens(c.embed_text) <= 200 for c in chunks)
