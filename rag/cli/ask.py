@@ -1,0 +1,397 @@
+"""Asking commands: index, search, ask, chat and eval over the running stack."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from rag.answer import format_sources
+from rag.cli._common import CONTEXT, err, friendly, main
+from rag.client import StackClient
+from rag.errors import ConfigError
+from rag.guard import GUARD_FORMATS
+from rag.pipeline import MODES, RERANK_MODES, Answer, Pipeline
+from rag.retrieve import Hit
+from rag.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stack_options(fn: F) -> F:
+    """--base-url, --api-key and --index, each with its env var."""
+    fn = click.option(
+        "--index", "index_dir", type=click.Path(file_okay=False, path_type=Path), envvar="RAG_INDEX_DIR",
+        default=None, show_envvar=True, help="Index folder [default: .rag/index].",
+    )(fn)  # fmt: skip
+    fn = click.option(
+        "--api-key",
+        envvar="RAG_API_KEY",
+        default=None,
+        show_envvar=True,
+        help="Bearer key, if the ingress wants one.",
+    )(fn)
+    fn = click.option(
+        "--base-url", envvar="RAG_BASE_URL", default=None, show_envvar=True,
+        help="The stack's OpenAI-compatible URL [default: http://127.0.0.1:8000/v1].",
+    )(fn)  # fmt: skip
+    return fn
+
+
+mode_option = click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    envvar="RAG_RETRIEVAL",
+    default=None,
+    show_envvar=True,
+    help="Retrieval mode [default: fused].",
+)
+
+
+def _settings(base_url: str | None, api_key: str | None, index_dir: Path | None, **more: Any) -> Settings:
+    s = Settings.from_env()
+    changes: dict[str, Any] = {k: v for k, v in more.items() if v is not None}
+    if base_url:
+        changes["base_url"] = base_url.rstrip("/")
+    if api_key:
+        changes["api_key"] = api_key
+    if index_dir:
+        changes["index_dir"] = index_dir
+    s = dataclasses.replace(s, **changes)
+    if s.retrieval not in MODES:
+        raise ConfigError(f"retrieval mode {s.retrieval!r}: choose one of {', '.join(MODES)} (RAG_RETRIEVAL)")
+    if s.rerank_mode not in RERANK_MODES:
+        raise ConfigError(
+            f"rerank mode {s.rerank_mode!r}: choose one of {', '.join(RERANK_MODES)} (RAG_RERANK_MODE)"
+        )
+    if s.guard_format not in GUARD_FORMATS:
+        raise ConfigError(
+            f"guard format {s.guard_format!r}: choose one of {', '.join(GUARD_FORMATS)} (RAG_GUARD_FORMAT)"
+        )
+    return s
+
+
+def _progress(label: str) -> Callable[[int, int], None]:
+    """A one-line progress bar on stderr (a line per 10 % when stderr is not a terminal)."""
+    tty = sys.stderr.isatty()
+    last = [-1]
+
+    def show(done: int, total: int) -> None:
+        if total <= 0:
+            return
+        pct = int(100 * done / total)
+        if not tty and pct // 10 == last[0] // 10 and done != total:
+            return
+        last[0] = pct
+        bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+        end = "\n" if done >= total or not tty else ""
+        sys.stderr.write(f"\r{label} [{bar}] {done}/{total} {pct:3d}%{end}")
+        sys.stderr.flush()
+
+    return show
+
+
+def _open(s: Settings) -> tuple[StackClient, Pipeline]:
+    from rag.index import load_index
+
+    index = load_index(s.index_dir)
+    client = StackClient(s)
+    return client, Pipeline(s, client, index)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@stack_options
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(32, 512),
+    default=200,
+    show_default=True,
+    envvar="RAG_CHUNK_TOKENS",
+    show_envvar=True,
+    help="Chunk size (estimated tokens).",
+)
+@click.option(
+    "--overlap",
+    type=click.IntRange(0, 256),
+    default=40,
+    show_default=True,
+    envvar="RAG_CHUNK_OVERLAP",
+    show_envvar=True,
+    help="Overlap between chunks (tokens).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
+@friendly
+def index(
+    paths: tuple[Path, ...], base_url: str | None, api_key: str | None, index_dir: Path | None,
+    max_tokens: int, overlap: int, as_json: bool,
+) -> None:  # fmt: skip
+    """Index folders (recursively) or files: .md .txt .rst .html .pdf.
+
+    A second run embeds only new or changed chunks and drops deleted files; an
+    interrupted run leaves the previous index usable. Without PATHS, indexes
+    ./corpus (the stack's own documentation).
+
+    \b
+    Examples:
+      rag index corpus/
+      rag index ~/notes handbook.pdf --index ~/.rag/notes
+    """
+    from rag.index import build
+
+    if overlap >= max_tokens:
+        raise click.BadParameter("must be smaller than --max-tokens", param_hint="--overlap")
+    if not paths:
+        if not Path("corpus").is_dir():
+            raise ConfigError("say what to index: `rag index PATH` (no ./corpus here to default to)")
+        paths = (Path("corpus"),)
+    s = _settings(base_url, api_key, index_dir)
+    with StackClient(s) as client:
+        stats = build(
+            list(paths), s.index_dir, client, s.embed_model, max_tokens=max_tokens, overlap=overlap,
+            progress=_progress("embedding chunks"),
+        )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps({"index": str(s.index_dir), **stats.as_dict()}, indent=2))
+        return
+    if stats.rebuilt_because:
+        err(f"rebuilt from scratch: {stats.rebuilt_because}")
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(stats.skipped.items())) or "none"
+    rate = stats.chunks_embedded / stats.seconds if stats.seconds else 0.0
+    click.echo(
+        f"indexed {stats.files} files ({stats.files_changed} new or changed, {stats.files_removed} removed) "
+        f"into {stats.chunks} chunks in {s.index_dir}; embedded {stats.chunks_embedded} "
+        f"in {stats.seconds:.1f} s ({rate:.0f} chunks/s); skipped: {skipped}"
+    )
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("query")
+@stack_options
+@mode_option
+@click.option(
+    "--rerank/--no-rerank",
+    default=True,
+    show_default=True,
+    help="Rescore the top candidates through /v1/score.",
+)
+@click.option(
+    "-k", "top", type=click.IntRange(1), default=5, show_default=True, help="How many hits to print."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
+@friendly
+def search(
+    query: str, base_url: str | None, api_key: str | None, index_dir: Path | None,
+    mode: str | None, rerank: bool, top: int, as_json: bool,
+) -> None:  # fmt: skip
+    """Retrieve (and rerank) passages for QUERY, with their scores; no answer is generated.
+
+    \b
+    Examples:
+      rag search "how is GPU memory split"
+      rag search max_ongoing_requests --mode lexical --no-rerank
+    """
+    s = _settings(base_url, api_key, index_dir, retrieval=mode)
+    client, pipe = _open(s)
+    with client:
+        hits = pipe.search(query, rerank=rerank)[:top]
+    if as_json:
+        click.echo(json.dumps([_hit_json(h) for h in hits], indent=2))
+        return
+    if not hits:
+        click.echo("no matching passages")
+        return
+    click.echo(f"{'#':>2} {'score':>6} {'dense':>6} {'bm25':>6} {'rerank':>6}  source")
+    for i, h in enumerate(hits, 1):
+        cols = [
+            f"{v:6.3f}" if v is not None else f"{'-':>6}" for v in (h.score, h.dense, h.lexical, h.rerank)
+        ]
+        where = h.chunk.path + (f" — {h.chunk.heading}" if h.chunk.heading else "")
+        click.echo(f"{i:>2} {' '.join(cols)}  {where}")
+
+
+def _hit_json(h: Hit) -> dict[str, Any]:
+    return {
+        "path": h.chunk.path, "heading": h.chunk.heading, "chunk_id": h.chunk.id, "score": h.score,
+        "dense": h.dense, "lexical": h.lexical, "rerank": h.rerank, "text": h.chunk.text,
+    }  # fmt: skip
+
+
+def _answer_json(a: Answer) -> dict[str, Any]:
+    return {
+        "question": a.question,
+        "answer": a.text,
+        "blocked": a.blocked,
+        "covered": a.covered,
+        "sources": [{"n": x.n, "path": x.path, "heading": x.heading, "score": x.score} for x in a.sources],
+        "cited": [x.n for x in a.cited],
+        "hits": [_hit_json(h) for h in a.hits],
+        "guard": [
+            {
+                "stage": v.stage,
+                "safe": v.safe,
+                "label": v.label,
+                "score": v.score,
+                "categories": list(v.categories),
+                "seconds": round(v.seconds, 4),
+            }
+            for v in a.verdicts
+        ],
+        "timings": {k: round(v, 4) for k, v in a.timings.items()},
+    }
+
+
+def _stream_out(text: str) -> None:
+    click.echo(text, nl=False)
+    sys.stdout.flush()
+
+
+REFUSED = 3  # exit code of a guard refusal: neither success nor an error
+
+
+def _refusal(a: Answer) -> str:
+    what = "question" if a.blocked == "input" else "answer"
+    return f"refused: the guard blocked the {what} ({a.blocked} stage)"
+
+
+def _print_answer_tail(a: Answer) -> None:
+    if a.blocked:
+        click.echo(_refusal(a))
+        return
+    click.echo()
+    if a.cited:
+        click.echo("\nSources:\n" + format_sources(a.cited))
+    elif a.covered:
+        click.echo("\n(no source cited) Retrieved:\n" + format_sources(a.sources))
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("question")
+@stack_options
+@mode_option
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Answer, sources, scores, guard verdicts and per-stage timings as JSON.",
+)
+@friendly
+def ask(
+    question: str,
+    base_url: str | None,
+    api_key: str | None,
+    index_dir: Path | None,
+    mode: str | None,
+    as_json: bool,
+) -> None:
+    """Answer QUESTION from the index, with numbered citations.
+
+    The guard checks the question first and the answer before it is shown;
+    a refusal names the stage and exits with code 3.
+
+    \b
+    Examples:
+      rag ask "How is GPU memory split between the engines?"
+      rag ask "What does rag check verify?" --json | jq .timings
+    """
+    s = _settings(base_url, api_key, index_dir, retrieval=mode)
+    client, pipe = _open(s)
+    with client:
+        if as_json:
+            a = pipe.ask(question)
+            click.echo(json.dumps(_answer_json(a), indent=2))
+        else:
+            a = pipe.ask(question, on_text=_stream_out)
+            _print_answer_tail(a)
+    if a.blocked:
+        sys.exit(REFUSED)
+
+
+@main.command(context_settings=CONTEXT)
+@stack_options
+@mode_option
+@friendly
+def chat(base_url: str | None, api_key: str | None, index_dir: Path | None, mode: str | None) -> None:
+    """Talk with your documents, turn after turn (empty line, /quit or Ctrl-D ends).
+
+    Each turn sends the whole conversation so far: the server keeps no state.
+    Retrieval uses the current and the previous question, so follow-ups work.
+
+    \b
+    Example:
+      rag chat
+    """
+    s = _settings(base_url, api_key, index_dir, retrieval=mode)
+    client, pipe = _open(s)
+    history: list[dict[str, str]] = []
+    with client:
+        while True:
+            try:
+                question = input("you> ") if sys.stdin.isatty() else sys.stdin.readline()
+            except EOFError:
+                break
+            question = question.strip()
+            if not question or question in ("/quit", "/exit"):
+                break
+            a = pipe.ask(question, history=history, on_text=_stream_out)
+            _print_answer_tail(a)
+            if not a.blocked and a.covered:
+                history += [{"role": "user", "content": question}, {"role": "assistant", "content": a.text}]
+
+
+@main.command("eval", context_settings=CONTEXT)
+@click.argument("qa_file", type=click.Path(dir_okay=False, path_type=Path))
+@stack_options
+@click.option("-k", "k", type=click.IntRange(1), default=5, show_default=True, help="Cut-off for recall@k.")
+@click.option(
+    "--answers/--no-answers", default=True, show_default=True, help="Also generate answers (slow on CPU)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@friendly
+def evaluate(
+    qa_file: Path,
+    base_url: str | None,
+    api_key: str | None,
+    index_dir: Path | None,
+    k: int,
+    answers: bool,
+    as_json: bool,
+) -> None:
+    """Measure retrieval (recall@k, MRR) and answers (keywords, citations, guard blocks).
+
+    QA_FILE is JSON lines: {"question": ..., "files": [gold paths], "keywords": [...]}.
+    Works on any index and QA file.
+
+    \b
+    Examples:
+      rag eval eval/dev.jsonl
+      rag eval my_qa.jsonl --no-answers --json
+    """
+    from rag.evaluate import load_qa, run_eval
+
+    qas = load_qa(qa_file)
+    s = _settings(base_url, api_key, index_dir)
+    client, pipe = _open(s)
+    with client:
+        report = run_eval(pipe, qas, k=k, answers=answers, progress=_progress("questions"))
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    click.echo(
+        f"{report.questions} questions; retrieval (top {s.top_k}, rerank of {s.retrieval} top {s.rerank_n}):"
+    )
+    click.echo(f"  {'mode':9} {'recall@1':>8} {f'recall@{k}':>9} {'MRR':>6}")
+    for mode, st in report.retrieval.items():
+        click.echo(f"  {mode:9} {st.recall(1):8.3f} {st.recall(k):9.3f} {st.mrr:6.3f}")
+    if report.keyword_hit_rate is not None:
+        acc = "n/a" if report.citation_accuracy is None else f"{report.citation_accuracy:.3f}"
+        click.echo(
+            f"answers: keyword hit rate {report.keyword_hit_rate:.3f}; citation accuracy {acc} "
+            f"({report.answers_citing}/{report.questions} answers cite); not covered {report.not_covered}; "
+            f"guard blocks: input {report.guard_blocks['input']}, output {report.guard_blocks['output']}"
+        )

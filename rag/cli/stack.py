@@ -1,0 +1,217 @@
+"""Stack commands: prepare the CPU weights, preflight a deploy, serve the four engines."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import click
+
+from rag.cli._common import CONTEXT, err, friendly, main
+from rag.errors import ConfigError
+from rag.settings import CPU_MODEL_SETS, DEFAULT_HOST, DEFAULT_PORT, default_models_dir, detect_profile
+
+
+@main.command(context_settings=CONTEXT)
+@click.option(
+    "--set", "model_set", type=click.Choice(CPU_MODEL_SETS), envvar="RAG_CPU_MODELS",
+    default="qwen", show_default=True, show_envvar=True,
+    help="CPU model set: qwen (0.5B, answers from context) or smollm2 (135M, less memory).",
+)  # fmt: skip
+@click.option(
+    "--models-dir", type=click.Path(file_okay=False, path_type=Path), envvar="RAG_MODELS_DIR",
+    default=None, show_envvar=True, help="Where prepared weights go [default: ~/.cache/rag-stack/models].",
+)  # fmt: skip
+@friendly
+def prepare(model_set: str, models_dir: Path | None) -> None:
+    """Download, verify (sha256) and convert the CPU profile's weights.
+
+    Idempotent: a second run verifies what is there and does nothing else.
+    An interrupted run leaves no half-written model behind.
+
+    \b
+    Examples:
+      rag prepare
+      rag prepare --set smollm2
+    """
+    from rag.prepare import prepare as run
+
+    folders = run(model_set, models_dir or default_models_dir(), err)
+    for role, folder in folders.items():
+        click.echo(f"{role}\t{folder}")
+
+
+@main.command(context_settings=CONTEXT)
+@click.option(
+    "--file", "-f", "path", type=click.Path(dir_okay=False, path_type=Path),
+    envvar="RAG_DEPLOY_FILE", default=Path("inference.yaml"), show_default=True, show_envvar=True,
+    help="The deploy descriptor to check.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@friendly
+def check(path: Path, as_json: bool) -> None:
+    """Preflight a deploy: catch what would fail minutes into a GPU boot.
+
+    \b
+    Checks that inference.yaml's model.module names a file under scripts/ that
+    exports `app`; that the vllm: block mirrors every tensor/pipeline parallel
+    size the configs set; that no engine_kwargs holds an api_key, no config pins
+    accelerator_type and every config sets max_ongoing_requests; that the GPU
+    shares sum to at most 0.85; and that each model's weights plus the KV cache
+    for its max_model_len fit its share of the card (from rag/model_facts.yaml).
+
+    \b
+    Examples:
+      rag check
+      rag check -f staging.yaml --json
+    """
+    from rag.budget import GiB
+    from rag.preflight import check as run
+
+    report = run(path)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "findings": [{"rule": f.rule, "message": f.message} for f in report.findings],
+                    "budget": [
+                        {
+                            "role": b.role,
+                            "model": b.model,
+                            "share": b.share,
+                            "share_gib": round(b.share_bytes / GiB, 3),
+                            "weights_gib": round(b.weights_bytes / GiB, 3),
+                            "kv_gib": round(b.kv_bytes / GiB, 3),
+                            "runtime_gib": round(b.overhead_bytes / GiB, 3),
+                            "spare_gib": round(b.spare_bytes / GiB, 3),
+                            "max_model_len": b.max_model_len,
+                            "fits": b.fits,
+                        }
+                        for b in report.budgets
+                    ],
+                },
+                indent=2,
+            )
+        )
+    else:
+        if report.budgets and report.deploy:
+            card = report.deploy.gpu_memory_gib
+            click.echo(f"memory budget on one {card:g} GiB card (GiB):")
+            click.echo(
+                f"  {'role':6} {'share':>5} {'has':>6} {'weights':>8} {'kv':>6} "
+                f"{'runtime':>8} {'spare':>6}  model"
+            )
+            for b in report.budgets:
+                click.echo(
+                    f"  {b.role:6} {b.share:5.2f} {b.share_bytes / GiB:6.2f} {b.weights_bytes / GiB:8.2f} "
+                    f"{b.kv_bytes / GiB:6.2f} {b.overhead_bytes / GiB:8.2f} {b.spare_bytes / GiB:6.2f}  "
+                    f"{b.model} (max_model_len {b.max_model_len})"
+                )
+            total = sum(b.share for b in report.budgets)
+            click.echo(f"  shares sum to {total:.2f} (limit 0.85)")
+        for f in report.findings:
+            click.echo(f"FAIL [{f.rule}] {f.message}")
+        if report.ok and report.deploy:
+            click.echo(f"ok: {report.deploy.path} -> {report.deploy.module_path} ({', '.join(report.roles)})")
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--host", envvar="RAG_HOST", default=DEFAULT_HOST, show_default=True, show_envvar=True)
+@click.option(
+    "--port",
+    envvar="RAG_PORT",
+    type=click.IntRange(1, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    show_envvar=True,
+)
+@click.option(
+    "--profile", type=click.Choice(["cpu", "gpu"]), envvar="RAG_PROFILE", default=None, show_envvar=True,
+    help="Which configs to boot [default: gpu if an NVIDIA device is visible, else cpu].",
+)  # fmt: skip
+@click.option(
+    "--file", "-f", "path", type=click.Path(dir_okay=False, path_type=Path),
+    envvar="RAG_DEPLOY_FILE", default=Path("inference.yaml"), show_default=True, show_envvar=True,
+    help="Deploy descriptor naming the serve module.",
+)  # fmt: skip
+@click.option(
+    "--num-cpus", type=click.IntRange(1), envvar="RAG_RAY_CPUS", default=12,
+    show_default=True, show_envvar=True,
+    help="Logical CPUs Ray schedules with; each engine takes 2, and they mostly wait.",
+)  # fmt: skip
+@click.option(
+    "--boot-timeout", type=float, envvar="RAG_BOOT_TIMEOUT_S", default=900.0,
+    show_default=True, show_envvar=True,
+    help="Seconds to wait for all four engines.",
+)  # fmt: skip
+@click.option("--exit-after-ready", is_flag=True, hidden=True)
+@friendly
+def serve(
+    host: str, port: int, profile: str | None, path: Path, num_cpus: int, boot_timeout: float,
+    exit_after_ready: bool,
+) -> None:  # fmt: skip
+    """Boot the four engines on this machine and serve until Ctrl-C.
+
+    Progress goes to stderr while the engines load (a few minutes on CPU);
+    the base URL goes to stdout once chat, guard, embed and score all answer.
+    Ctrl-C stops Serve and the local Ray cluster, leaving no process behind.
+
+    \b
+    Examples:
+      rag serve
+      rag serve --port 8100
+      RAG_CPU_MODELS=smollm2 rag serve
+    """
+    from rag.preflight import load_deploy
+    from rag.serve import serve_forever
+
+    deploy = load_deploy(path)
+    profile = profile or detect_profile()
+    if profile == "cpu":
+        _require_prepared()
+
+    url_out = _stdout_for_results_only()
+
+    def ready(url: str) -> None:
+        click.echo(url, file=url_out)
+        url_out.flush()
+        err("serving; press Ctrl-C to stop")
+
+    serve_forever(
+        deploy.module_path, host=host, port=port, profile=profile, num_cpus=num_cpus,
+        boot_timeout_s=boot_timeout, log=err, on_ready=ready, exit_after_ready=exit_after_ready,
+    )  # fmt: skip
+
+
+def _stdout_for_results_only() -> TextIO:
+    """Point fd 1 at stderr (Ray and vLLM print there) and return the real stdout."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return sys.stdout  # not a real file (tests): nothing below us writes to it
+    sys.stdout.flush()
+    saved = os.fdopen(os.dup(fd), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), fd)
+    return saved
+
+
+def _require_prepared() -> None:
+    """Fail fast (not minutes into a boot) when the CPU weights are not prepared."""
+    from rag.prepare import MODEL_SETS
+
+    model_set = os.environ.get("RAG_CPU_MODELS", "qwen")
+    if model_set not in MODEL_SETS:
+        raise ConfigError(f"RAG_CPU_MODELS={model_set!r}: choose one of {', '.join(MODEL_SETS)}")
+    for name in dict.fromkeys(MODEL_SETS[model_set].values()):
+        folder = default_models_dir() / name
+        if not (folder / "rag-model.json").is_file():
+            raise ConfigError(
+                f"{name} is not prepared in {folder.parent}; run `rag prepare --set {model_set}` first"
+            )
