@@ -195,7 +195,7 @@ class Pipeline:
                 on_text(generated[shown:end])
                 shown = end
         ans.timings["chat"] = time.monotonic() - start - ans.timings.get("guard_out", 0.0)
-        if not self._release(ans, clock, generated) or ans.blocked:
+        if shown < len(generated) and not self._release(ans, clock, generated):
             return ans
         on_text(generated[shown:])
         ans.text = generated.strip()
