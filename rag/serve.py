@@ -28,6 +28,7 @@ from rag.errors import ServeError
 __all__ = ["OFFLINE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
 
 Log = Callable[[str], None]
+RAY_LOGS = Path("/tmp/ray/session_latest/logs")  # where a local Ray cluster writes engine logs
 FIRST_QUESTION = "In one sentence: what does a reranker do in a retrieval pipeline?"
 
 # Keep every process off the network: no hub, no telemetry.
@@ -90,7 +91,7 @@ def probe(base_url: str, timeout_s: float = 60.0) -> dict[str, str]:
             if role not in served:
                 results[role] = "not served"
                 continue
-            if role == "guard" and _is_generative_guard(client):
+            if role == "guard" and _is_generative_guard():
                 path, body = requests["chat"][0], {**requests["chat"][1], "model": "guard"}
             r = client.post(path, json=body)
             results[role] = "ok" if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
@@ -105,7 +106,7 @@ def first_answer(base_url: str, question: str = FIRST_QUESTION) -> str:
     return " ".join(str(r.json()["choices"][0]["message"]["content"]).split())
 
 
-def _is_generative_guard(client: httpx.Client) -> bool:
+def _is_generative_guard() -> bool:
     # The GPU guard (Qwen3Guard-Gen) answers through chat; the CPU one through /score.
     return os.environ.get("RAG_PROFILE", "cpu") == "gpu"
 
@@ -202,7 +203,7 @@ def serve_forever(
     )
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # per-deployment option dumps
     try:
-        logs = Path(ray.get_runtime_context().get_node_id() and "/tmp/ray/session_latest/logs")
+        logs = RAY_LOGS
         serve.start(http_options={"host": host, "port": port})
         # vLLM logs to stdout on import; stdout is for the URL alone.
         with contextlib.redirect_stdout(sys.stderr):
@@ -227,7 +228,7 @@ def serve_forever(
             if failed:
                 name, message = next(iter(failed.items()))
                 raise ServeError(f"engine `{name}` failed to load: {_short(message)} (full logs: {logs})")
-            line = "  ".join(f"{n}: {s.lower()}" for n, s in ((n, s) for n, (s, _) in sorted(states.items())))
+            line = "  ".join(f"{n}: {s.lower()}" for n, (s, _) in sorted(states.items()))
             if line != last:
                 log(f"  [{elapsed:4.0f}s] {line}")
                 last = line
@@ -249,7 +250,10 @@ def serve_forever(
                 + f" (logs: {logs})"
             )
         log(f"all four engines answered in {time.monotonic() - start:.0f} s")
-        log(f"first answer from `chat`: {first_answer(url)}")
+        try:
+            log(f"first answer from `chat`: {first_answer(url)}")
+        except httpx.HTTPError as exc:  # the probe passed; a slow first answer is no reason to stop
+            log(f"first answer from `chat` failed: {exc}")
         on_ready(url)
         if exit_after_ready:
             return
