@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -457,7 +457,3 @@ def write(report: dict[str, Any], out: Path) -> None:
     (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "bench.md").write_text(markdown(report))
     plot(report, out / "bench.png")
-
-
-def level_results_asdict(levels: list[LevelResult]) -> list[dict[str, Any]]:
-    return [asdict(lv) for lv in levels]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,9 +221,3 @@ def _pdf(path: Path) -> tuple[str, list[Section]]:
         if (text := page.extract_text() or "").strip()
     ]
     return str(meta_title), sections
-
-
-def iter_documents(files: Iterable[Path], root: Path) -> Iterator[Document]:
-    """Load each file; a file that cannot be read raises with its path."""
-    for f in files:
-        yield load(f, root)
