@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -101,24 +101,15 @@ class Pipeline:
         `order` by the rerank score, `blend` by RRF of retrieval and rerank ranks, `floor`
         keeping the retrieval order (the scores then only gate the relevance floor)."""
         scores = self.client.score(query, [h.chunk.embed_text for h in hits])
-        rescored = [
-            Hit(h.chunk, s, dense=h.dense, lexical=h.lexical, rerank=s)
-            for h, s in zip(hits, scores, strict=True)
-        ]
-        by_rerank = sorted(rescored, key=lambda h: -h.score)
+        scored = [replace(h, rerank=s) for h, s in zip(hits, scores, strict=True)]  # retrieval order
+        if self.s.rerank_mode == "floor":
+            return scored
+        by_rerank = sorted(
+            (replace(h, score=s) for h, s in zip(scored, scores, strict=True)), key=lambda h: -h.score
+        )
         if self.s.rerank_mode == "order":
             return by_rerank
-        if self.s.rerank_mode == "floor":  # keep the retrieval order and scores
-            return [
-                Hit(h.chunk, h.score, dense=h.dense, lexical=h.lexical, rerank=s)
-                for h, s in zip(hits, scores, strict=True)
-            ]
-        rerank_of = {h.chunk.id: h.rerank for h in rescored}
-        blended = rrf([rescored, by_rerank])
-        return [
-            Hit(h.chunk, h.score, dense=h.dense, lexical=h.lexical, rerank=rerank_of[h.chunk.id])
-            for h in blended
-        ]
+        return rrf([scored, by_rerank])
 
     def search(
         self,

@@ -6,7 +6,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -80,25 +80,23 @@ def dense(chunks: Sequence[Chunk], vectors: np.ndarray, query_vec: np.ndarray, k
 
 
 def rrf(rankings: Sequence[Sequence[Hit]], k: int = 60) -> list[Hit]:
-    """Reciprocal rank fusion: sum of 1/(k + rank) over the rankings a chunk appears in."""
+    """Reciprocal rank fusion: sum of 1/(k + rank) over the rankings a chunk appears in.
+
+    Each fused hit keeps every stage score (dense, lexical, rerank) any ranking had for it."""
     fused: dict[str, float] = {}
-    best: dict[str, Hit] = {}
-    dense_of: dict[str, float] = {}
-    lexical_of: dict[str, float] = {}
+    merged: dict[str, Hit] = {}
     for ranking in rankings:
         for rank, hit in enumerate(ranking, 1):
             cid = hit.chunk.id
             fused[cid] = fused.get(cid, 0.0) + 1.0 / (k + rank)
-            best.setdefault(cid, hit)
-            if hit.dense is not None:
-                dense_of[cid] = hit.dense
-            if hit.lexical is not None:
-                lexical_of[cid] = hit.lexical
-    order = sorted(fused, key=lambda cid: -fused[cid])
-    return [
-        Hit(best[cid].chunk, fused[cid], dense=dense_of.get(cid), lexical=lexical_of.get(cid))
-        for cid in order
-    ]
+            seen = merged.get(cid, hit)
+            merged[cid] = replace(
+                seen,
+                dense=hit.dense if hit.dense is not None else seen.dense,
+                lexical=hit.lexical if hit.lexical is not None else seen.lexical,
+                rerank=hit.rerank if hit.rerank is not None else seen.rerank,
+            )
+    return [replace(merged[cid], score=fused[cid]) for cid in sorted(fused, key=lambda cid: -fused[cid])]
 
 
 def fuse(
