@@ -75,6 +75,7 @@ class Settings:
     @classmethod
     def from_env(cls) -> Settings:
         """Read every setting from the environment, falling back to the defaults."""
+        gpu = detect_profile() == "gpu"  # the GPU profile's guard and reranker are trained models
         return cls(
             base_url=os.environ.get("RAG_BASE_URL", f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1").rstrip("/"),
             # Ray Serve's ingress checks no key by default; the OpenAI client insists on one.
@@ -90,12 +91,10 @@ class Settings:
             rerank_n=_int("RAG_RERANK_N", 8),
             # The CPU reranker (a 0.5B chat model asked yes/no) ranks worse than fused
             # retrieval on the dev set, so on CPU its scores only gate the relevance floor.
-            rerank_mode=os.environ.get("RAG_RERANK_MODE")
-            or ("order" if detect_profile() == "gpu" else "floor"),
+            rerank_mode=os.environ.get("RAG_RERANK_MODE") or ("order" if gpu else "floor"),
             sources=_int("RAG_SOURCES", 3),
             min_score=_float("RAG_MIN_SCORE", 0.05),
-            guard_format=os.environ.get("RAG_GUARD_FORMAT")
-            or ("qwen3guard" if detect_profile() == "gpu" else "score"),
+            guard_format=os.environ.get("RAG_GUARD_FORMAT") or ("qwen3guard" if gpu else "score"),
             guard_threshold=_float("RAG_GUARD_THRESHOLD", 0.86),
             guard_strict=os.environ.get("RAG_GUARD_STRICT", "0").lower() in ("1", "true", "yes"),
             max_tokens=_int("RAG_MAX_TOKENS", 384),
