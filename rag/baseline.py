@@ -23,7 +23,7 @@ __all__ = ["main"]
 
 
 class _Model:
-    def __init__(self, path: str, dtype: str, threads: int, device: str) -> None:
+    def __init__(self, path: str, dtype: str | None, threads: int, device: str) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,6 +33,10 @@ class _Model:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
+        if dtype is None:  # the same choice the stack makes (bf16 on a GPU)
+            from rag.stack.hardware import detect
+
+            dtype = "bfloat16" if device == "cuda" else detect().dtype
         self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         self.model.to(device).eval()  # type: ignore[arg-type]
         self.lock = threading.Lock()  # the point of the baseline: one generation at a time
@@ -171,7 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model-id", default="chat")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8200)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument(
+        "--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+        help="default: what the CPU profile picks for this CPU (rag.stack.hardware)",
+    )  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     args = p.parse_args(argv)

@@ -244,8 +244,11 @@ def start_stack(port: int, workdir: Path, log: Log) -> Managed:
 
 
 def start_baseline(model_dir: str, port: int, workdir: Path, log: Log) -> Managed:
-    log(f"starting the one-at-a-time baseline on port {port} ...")
-    cmd = [sys.executable, "-m", "rag.baseline", "--model", model_dir, "--port", str(port)]
+    from rag.stack.hardware import detect
+
+    dtype = detect().dtype  # the stack's own choice, so the ratio compares like with like
+    log(f"starting the one-at-a-time baseline on port {port} ({dtype}) ...")
+    cmd = [sys.executable, "-m", "rag.baseline", "--model", model_dir, "--port", str(port), "--dtype", dtype]
     return Managed("the baseline", cmd, workdir / "baseline.log", 600, log)
 
 

@@ -1,25 +1,34 @@
 """One HTTP client for the four engines; every request names its model.
 
 Transport and HTTP failures become the project's errors (ServerUnreachable,
-HTTPStatusError) carrying the URL, status and the server's own message.
+EngineTimeout, HTTPStatusError) carrying the URL, status and the server's own
+message. Calls that are safe to repeat (embeddings, scores, the guard, and a
+chat before any text was shown) are retried with backoff on connection errors,
+429, 500, 502, 503 and 504 until RAG_RETRY_DEADLINE_S runs out, honouring
+Retry-After: an engine that died is replaced by Serve within a few minutes, and
+its callers wait for it instead of failing. Every wait is reported through
+`on_wait`, so a person sees what is being waited for.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import numpy as np
 
-from rag.errors import HTTPStatusError, ServerUnreachable
+from rag.errors import EngineTimeout, HTTPStatusError, ServerUnreachable
 from rag.settings import Settings
 
-__all__ = ["StackClient"]
+__all__ = ["RETRY_STATUSES", "StackClient"]
 
 Message = dict[str, str]
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)  # then 15 s until the deadline
 
 
 def _server_message(r: httpx.Response) -> str:
@@ -37,11 +46,37 @@ def _server_message(r: httpx.Response) -> str:
     return str(body)[:300]
 
 
+def _retry_after(r: httpx.Response) -> float | None:
+    raw = r.headers.get("retry-after", "")
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        return None  # an HTTP date or garbage: fall back to our own backoff
+
+
+class _Retry(Exception):
+    """One failed attempt that may be repeated."""
+
+    def __init__(self, problem: str, error: Exception, retry_after: float | None = None) -> None:
+        super().__init__(problem)
+        self.problem, self.error, self.retry_after = problem, error, retry_after
+
+
 class StackClient:
     """Embeddings, scores and chat from the running stack."""
 
-    def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        transport: httpx.BaseTransport | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
+        self._on_wait = on_wait or (lambda message: None)
+        self._sleep, self._clock = sleep, clock
+        self._reached = False  # once the server answered, a refused connection means it restarts
         self._http = httpx.Client(
             base_url=settings.base_url,
             timeout=httpx.Timeout(settings.timeout_s, connect=5.0),
@@ -60,25 +95,75 @@ class StackClient:
         self.close()
 
     # ------------------------------------------------------------------ transport
+    def _url(self, path: str) -> str:
+        return f"{self.settings.base_url}{path}"
+
+    def _check(self, r: httpx.Response, path: str) -> None:
+        """Raise for an error status: _Retry for one worth repeating, HTTPStatusError otherwise."""
+        self._reached = True
+        if r.status_code < 400:
+            return
+        error = HTTPStatusError(self._url(path), r.status_code, _server_message(r))
+        if r.status_code in RETRY_STATUSES:
+            raise _Retry(f"answered {r.status_code}", error, _retry_after(r))
+        raise error
+
+    def _transport_error(self, exc: httpx.TransportError, engine: str) -> Exception:
+        """A read timeout names the slow engine; a refused connection may be worth a retry."""
+        if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+            return EngineTimeout(self.settings.base_url, engine, self.settings.timeout_s)
+        error = ServerUnreachable(self.settings.base_url, type(exc).__name__)
+        if self._reached:  # it answered before: Serve or the proxy is restarting
+            return _Retry(f"connection failed ({type(exc).__name__})", error)
+        return error
+
+    def _with_retries(self, engine: str, attempt: Callable[[], Any]) -> Any:
+        """attempt() until it succeeds, raises a final error, or the retry deadline passes."""
+        deadline = self.settings.retry_deadline_s
+        start = self._clock()
+        for n in range(1_000_000):
+            try:
+                return attempt()
+            except httpx.TransportError as exc:
+                failure = self._transport_error(exc, engine)
+                if not isinstance(failure, _Retry):
+                    raise failure from exc
+                retry = failure
+            except _Retry as exc:
+                retry = exc
+            waited = self._clock() - start
+            pause = (
+                retry.retry_after if retry.retry_after is not None else BACKOFF_S[min(n, len(BACKOFF_S) - 1)]
+            )
+            if waited + pause > deadline:
+                raise _gave_up(retry.error, waited, deadline) from retry.error
+            self._on_wait(
+                f"waiting for `{engine}`: {retry.problem}; retrying in {pause:.0f} s "
+                f"({waited:.0f} of {deadline:.0f} s, RAG_RETRY_DEADLINE_S)"
+            )
+            self._sleep(pause)
+        raise AssertionError("unreachable")
+
     def _post(self, path: str, body: dict[str, Any]) -> Any:
-        url = f"{self.settings.base_url}{path}"
-        try:
+        """POST a request that is safe to repeat, retrying as the module docstring says."""
+
+        def attempt() -> Any:
             r = self._http.post(path, json=body)
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(self.settings.base_url, type(exc).__name__) from exc
-        if r.status_code >= 400:
-            raise HTTPStatusError(url, r.status_code, _server_message(r))
-        return r.json()
+            self._check(r, path)
+            return r.json()
+
+        return self._with_retries(str(body.get("model", "?")), attempt)
 
     def models(self) -> list[str]:
         """Model ids the server lists."""
-        try:
+
+        def attempt() -> list[str]:
             r = self._http.get("/models")
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(self.settings.base_url, type(exc).__name__) from exc
-        if r.status_code >= 400:
-            raise HTTPStatusError(f"{self.settings.base_url}/models", r.status_code, _server_message(r))
-        return [m["id"] for m in r.json().get("data", [])]
+            self._check(r, "/models")
+            return [m["id"] for m in r.json().get("data", [])]
+
+        result: list[str] = self._with_retries("ingress", attempt)
+        return result
 
     # ------------------------------------------------------------------ engines
     def embed(self, texts: Sequence[str], batch_size: int = 32, workers: int = 4) -> np.ndarray:
@@ -120,7 +205,7 @@ class StackClient:
         return str(self._post("/chat/completions", body)["choices"][0]["message"]["content"] or "")
 
     def chat_stream(self, messages: Sequence[Message], *, max_tokens: int = 512) -> Iterator[str]:
-        """Yield the answer's text as it is generated."""
+        """Yield the answer's text as it is generated; retried only until the first piece."""
         body = {
             "model": self.settings.chat_model,
             "messages": list(messages),
@@ -128,21 +213,49 @@ class StackClient:
             "temperature": 0,
             "stream": True,
         }
-        url = f"{self.settings.base_url}/chat/completions"
-        try:
-            with self._http.stream("POST", "/chat/completions", json=body) as r:
+        path = "/chat/completions"
+        shown = False
+
+        def pieces() -> Iterator[str]:
+            with self._http.stream("POST", path, json=body) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise HTTPStatusError(url, r.status_code, _server_message(r))
+                self._check(r, path)
                 for line in r.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[6:])
                     if chunk.get("error"):
-                        raise HTTPStatusError(url, 500, str(chunk["error"]))
+                        error = HTTPStatusError(self._url(path), 500, str(chunk["error"]))
+                        raise error if shown else _Retry("failed before its first token", error)
                     for choice in chunk.get("choices", []):
                         piece = (choice.get("delta") or {}).get("content")
                         if piece:
                             yield piece
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(self.settings.base_url, type(exc).__name__) from exc
+
+        def first() -> tuple[Iterator[str], str | None]:
+            stream = pieces()
+            return stream, next(stream, None)
+
+        try:
+            stream, head = self._with_retries(self.settings.chat_model, first)
+            if head is None:
+                return
+            shown = True
+            yield head
+            yield from stream
+        except httpx.TransportError as exc:  # after text was shown: never repeated
+            failure = self._transport_error(exc, str(body["model"]))
+            raise (failure.error if isinstance(failure, _Retry) else failure) from exc
+
+
+def _gave_up(error: Exception, waited: float, deadline: float) -> Exception:
+    """The last error, saying how long it was retried and which setting gives it longer."""
+    hint = (
+        f" (still failing after {waited:.0f} s of retries; RAG_RETRY_DEADLINE_S={deadline:g} sets how long)"
+    )
+    if isinstance(error, HTTPStatusError):
+        return HTTPStatusError(error.url, error.status, error.server_message + hint)
+    if isinstance(error, ServerUnreachable):
+        return ServerUnreachable(error.url, error.reason + hint)
+    return error

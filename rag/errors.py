@@ -6,6 +6,7 @@ RagError                    anything this project raises on purpose
 ├── ServeError              the local stack could not be started or stopped
 └── ClientError             a request to the running stack failed
     ├── ServerUnreachable   nothing answers at the base URL
+    ├── EngineTimeout       the server is up, but one engine gave no answer in time
     └── HTTPStatusError     the server answered 4xx/5xx (carries url, status, message)
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 __all__ = [
     "ClientError",
     "ConfigError",
+    "EngineTimeout",
     "HTTPStatusError",
     "ModelPrepError",
     "RagError",
@@ -49,9 +51,23 @@ class ServerUnreachable(ClientError):
 
     def __init__(self, url: str, reason: str) -> None:
         self.url = url
+        self.reason = reason
         super().__init__(
             f"no server answers at {url} ({reason}); start the stack with `rag serve` "
             "or point RAG_BASE_URL at a running one"
+        )
+
+
+class EngineTimeout(ClientError):
+    """The server is up, but one engine sent nothing back within the read timeout."""
+
+    def __init__(self, url: str, engine: str, timeout_s: float) -> None:
+        self.url = url
+        self.engine = engine
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"`{engine}` at {url} sent nothing for {timeout_s:g} s: the server is up but that engine "
+            f"is busy or slow on this machine; raise RAG_TIMEOUT_S (now {timeout_s:g}) to wait longer"
         )
 
 

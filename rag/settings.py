@@ -59,7 +59,8 @@ class Settings:
     guard_model: str
     embed_model: str
     score_model: str
-    timeout_s: float
+    timeout_s: float  # read timeout: the longest silence from one engine
+    retry_deadline_s: float  # how long a failing call that is safe to repeat is retried
     index_dir: Path
     retrieval: str  # dense | lexical | fused
     top_k: int  # candidates retrieved
@@ -85,6 +86,8 @@ class Settings:
             embed_model=os.environ.get("RAG_EMBED_MODEL", "embed"),
             score_model=os.environ.get("RAG_SCORE_MODEL", "score"),
             timeout_s=_float("RAG_TIMEOUT_S", 300.0),
+            # Long enough for Serve to replace a dead engine on a 2-core AVX2 machine.
+            retry_deadline_s=_float("RAG_RETRY_DEADLINE_S", 600.0),
             index_dir=Path(os.environ.get("RAG_INDEX_DIR", ".rag/index")).expanduser(),
             retrieval=os.environ.get("RAG_RETRIEVAL", "fused"),
             top_k=_int("RAG_TOP_K", 20),

@@ -45,7 +45,7 @@ def _models_dir() -> Path:
     return Path(cache) / "rag-stack" / "models"
 
 
-# Which prepared folder backs each role on CPU (rag/prepare.py builds them).
+# Which prepared folder backs each role on CPU (rag/stack/prepare.py builds them).
 CPU_MODEL_SETS: dict[str, dict[str, str]] = {
     "qwen": {
         "chat": "qwen2.5-coder-0.5b-instruct",
@@ -153,6 +153,10 @@ def _gpu_configs() -> dict[str, LLMConfig]:
 
 # --------------------------------------------------------------------------- cpu
 # Sized for a 2-core, 24 GiB machine that also runs the test suite.
+UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+# Values cached per token, K and V x layers x KV heads x head dim, so that KV caches
+# are sized in tokens whatever the dtype.
+KV_VALUES_PER_TOKEN = {"qwen": 2 * 24 * 2 * 64, "smollm2": 2 * 30 * 3 * 64}
 
 
 def _cpu_configs() -> dict[str, LLMConfig]:
@@ -167,26 +171,54 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         # `rag serve` starts Ray with more logical CPUs than cores (engines mostly wait).
         return {"bundles": [{"CPU": 1}]}
 
+    # bf16 where the CPU computes in it natively, float32 where torch would emulate
+    # it (37x slower on AVX2). The CPU profile needs the `rag` package anyway (it
+    # prepares the weights), so the choice is made once, in rag.stack.hardware.
+    from rag.stack.hardware import detect
+
+    dtype = detect().dtype
+    kv_bytes_per_token = KV_VALUES_PER_TOKEN[model_set] * (4 if dtype == "float32" else 2)
+
     common: dict[str, Any] = {
-        "dtype": "bfloat16",  # AMX/AVX512-BF16 on these Xeons; halves memory vs fp32
+        "dtype": dtype,
         "enforce_eager": True,  # compiled mode: 122 s boot instead of 26 s for 5-35 % more speed
         "gpu_memory_utilization": 0.05,  # on CPU: share of RAM checked at boot; KV is explicit below
+    }
+    # Weights are local folders (`rag prepare`): skip Ray's per-node download task.
+    local = {"callback_class": "rag.stack.engine_hooks.LocalWeights"}
+    threads = str(len(os.sched_getaffinity(0)))
+    runtime_env = {
+        "env_vars": {
+            # Run each model inside its EngineCore process (rag/stack/engine_hooks.py):
+            # one process and one torch import less per engine, no pinning of every
+            # engine to core 0, no RPC timeout to outlive on a slow CPU.
+            "RAYLLM_VLLM_ENGINE_CLS": "rag.stack.engine_hooks.InProcessEngine",
+            # Ray sets 1 (the bundle's CPU); an engine alone on the machine may use every core.
+            "OMP_NUM_THREADS": threads,
+            # Should a multiprocess executor come back, a slow step is waited for, not fatal.
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
+        }
     }
     chat = LLMConfig(
         model_loading_config={"model_id": "chat", "model_source": folders["chat"]},
         deployment_config=_deployment(max_ongoing_requests=128),
         placement_group_config=placement(),
+        callback_config=local,
+        runtime_env=runtime_env,
         engine_kwargs=common
         | {
             "max_model_len": 4096,
             "max_num_seqs": 64,  # the benchmark sweeps to 64 concurrent requests
-            "kv_cache_memory_bytes": 1024 * MiB,  # 12 KiB/token for Qwen 0.5B: ~87k tokens
+            # 32k tokens: 64 bench requests (~250 tokens) or 16 RAG prompts (~2k) at once.
+            "kv_cache_memory_bytes": 32 * 1024 * kv_bytes_per_token,
         },
     )
     guard = LLMConfig(
         model_loading_config={"model_id": "guard", "model_source": folders["guard"]},
         deployment_config=_deployment(max_ongoing_requests=64),
         placement_group_config=placement(),
+        callback_config=local,
+        runtime_env=runtime_env,
         engine_kwargs=common
         | {
             "runner": "pooling",
@@ -195,13 +227,16 @@ def _cpu_configs() -> dict[str, LLMConfig]:
             "chat_template": str(TEMPLATES / "guard_chatml.jinja"),  # the policy prompt
             "max_model_len": 2048,
             "max_num_seqs": 32,
-            "kv_cache_memory_bytes": 256 * MiB,
+            # Prefill only, freed after each batch: 8k tokens hold a full batch (2048) four times.
+            "kv_cache_memory_bytes": 8 * 1024 * kv_bytes_per_token,
         },
     )
     embed = LLMConfig(
         model_loading_config={"model_id": "embed", "model_source": folders["embed"]},
         deployment_config=_deployment(max_ongoing_requests=128),
         placement_group_config=placement(),
+        callback_config=local,
+        runtime_env=runtime_env,
         engine_kwargs=common
         | {
             "runner": "pooling",
@@ -209,13 +244,15 @@ def _cpu_configs() -> dict[str, LLMConfig]:
             "dtype": "float32",  # 22M parameters: full precision costs nothing here
             "max_model_len": 256,  # what all-MiniLM-L6-v2 was trained on
             "max_num_seqs": 64,
-            "kv_cache_memory_bytes": 64 * MiB,
+            "kv_cache_memory_bytes": 32 * MiB,  # an encoder: nothing is kept between requests
         },
     )
     score = LLMConfig(
         model_loading_config={"model_id": "score", "model_source": folders["score"]},
         deployment_config=_deployment(max_ongoing_requests=128),
         placement_group_config=placement(),
+        callback_config=local,
+        runtime_env=runtime_env,
         engine_kwargs=common
         | {
             "runner": "pooling",
@@ -224,7 +261,8 @@ def _cpu_configs() -> dict[str, LLMConfig]:
             "chat_template": str(TEMPLATES / "score_chatml.jinja"),  # query/document prompt
             "max_model_len": 2048,
             "max_num_seqs": 32,
-            "kv_cache_memory_bytes": 256 * MiB,
+            # Prefill only, freed after each batch: 8k tokens hold a full batch (2048) four times.
+            "kv_cache_memory_bytes": 8 * 1024 * kv_bytes_per_token,
         },
     )
     return {"chat": chat, "guard": guard, "embed": embed, "score": score}

@@ -26,9 +26,10 @@ def free_port() -> int:
 class Stack:
     """A running `rag serve` (or one named by RAG_TEST_BASE_URL)."""
 
-    def __init__(self, base_url: str, log: Path | None) -> None:
+    def __init__(self, base_url: str, log: Path | None, pid: int | None = None) -> None:
         self.base_url = base_url
         self.log = log
+        self.pid = pid  # of `rag serve`, when this session started it
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +46,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         pytest.fail(f"rag serve gave no URL in {BOOT_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}")
     print(f"\nstack up at {server.url} (log {log})", file=sys.stderr)
     try:
-        yield Stack(server.url, log)
+        yield Stack(server.url, log, server.proc.pid)
     finally:
         killed = server.stop()
         assert server.proc.returncode == 0, (
@@ -56,5 +57,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run every test that needs the shared stack last, after those that boot their own
-    Ray cluster (two four-engine clusters at once would not fit in 24 GiB)."""
-    items.sort(key=lambda item: "stack" in getattr(item, "fixturenames", ()))
+    Ray cluster (two four-engine clusters at once would not fit in 24 GiB), and the
+    tests that kill part of the stack after every other stack test."""
+    items.sort(
+        key=lambda item: (
+            "stack" in getattr(item, "fixturenames", ()),
+            item.get_closest_marker("disruptive") is not None,
+        )
+    )

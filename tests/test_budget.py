@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag.budget import GiB, engine_budget, load_facts
+from rag.stack.budget import GiB, engine_budget, load_facts
 
 FACTS = load_facts()
 

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from rag.cli import main
-from rag.prepare import MANIFEST, MODEL_SETS
+from rag.stack.prepare import MANIFEST, MODEL_SETS
 from tests.conftest import ROOT, free_port
 
 

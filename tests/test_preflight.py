@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rag.errors import ConfigError
-from rag.preflight import check
+from rag.stack.preflight import check
 from tests.conftest import ROOT
 
 Edit = Callable[[Path], None]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rag import prepare as prep
 from rag.errors import ModelPrepError
-from rag.prepare import MANIFEST, ModelSpec, Wheel, sha256_file, verify
+from rag.stack import prepare as prep
+from rag.stack.prepare import MANIFEST, ModelSpec, Wheel, sha256_file, verify
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
-import httpx
 import numpy as np
 import pytest
 
 from rag.answer import NOT_COVERED, Source, build_messages, cited, format_sources, sources_from
 from rag.chunk import Chunk
-from rag.client import StackClient
-from rag.errors import HTTPStatusError, ServerUnreachable
 from rag.guard import check, parse_qwen3guard
 from rag.retrieve import BM25, Hit, dense, rrf
-from rag.settings import Settings
 
 
 def _chunk(cid: str, text: str, path: str = "a.md") -> Chunk:
@@ -125,46 +119,3 @@ def test_qwen3guard_output_check_sends_the_conversation() -> None:
     assert g.seen == [
         ([{"role": "user", "content": "q?"}, {"role": "assistant", "content": "bad answer"}], "guard")
     ]
-
-
-def _client(
-    handler: httpx.MockTransport | None = None, base_url: str = "http://stack.test/v1"
-) -> StackClient:
-    import dataclasses
-
-    s = dataclasses.replace(Settings.from_env(), base_url=base_url)
-    return StackClient(s, transport=handler)
-
-
-def test_server_errors_carry_url_status_and_the_servers_message() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(503, json={"error": {"message": "engine overloaded"}})
-
-    with pytest.raises(HTTPStatusError) as info:
-        _client(httpx.MockTransport(handler)).score("q", ["d"])
-    e = info.value
-    assert (e.status, e.url, e.server_message) == (503, "http://stack.test/v1/score", "engine overloaded")
-
-
-def test_a_stream_that_breaks_midway_is_an_error_not_a_short_answer() -> None:
-    body = 'data: {"choices":[{"delta":{"content":"Half"}}]}\n\ndata: {"error":"engine died"}\n\n'
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert json.loads(request.content)["model"] == "chat"  # every request names its model
-        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
-
-    pieces: list[str] = []
-    with pytest.raises(HTTPStatusError, match="engine died"):
-        for p in _client(httpx.MockTransport(handler)).chat_stream([{"role": "user", "content": "q"}]):
-            pieces.append(p)
-    assert pieces == ["Half"]
-
-
-def test_nothing_listening_is_server_unreachable_naming_rag_serve() -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # bound, never listening: a real refused connection
-        with pytest.raises(ServerUnreachable, match="rag serve"):
-            _client(base_url=f"http://127.0.0.1:{port}/v1").embed(["x"])

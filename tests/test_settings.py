@@ -8,7 +8,8 @@ from types import ModuleType
 
 import pytest
 
-from rag import prepare, settings
+from rag import settings
+from rag.stack import prepare
 from tests.conftest import ROOT
 
 

@@ -100,7 +100,7 @@ def _open(s: Settings) -> tuple[StackClient, Pipeline]:
     from rag.index import load_index
 
     index = load_index(s.index_dir)
-    client = StackClient(s)
+    client = StackClient(s, on_wait=err)
     return client, Pipeline(s, client, index)
 
 
@@ -151,7 +151,7 @@ def index(
             raise ConfigError("say what to index: `rag index PATH` (no ./corpus here to default to)")
         paths = (Path("corpus"),)
     s = _settings(base_url, api_key, index_dir)
-    with StackClient(s) as client:
+    with StackClient(s, on_wait=err) as client:
         stats = build(
             list(paths), s.index_dir, client, s.embed_model, max_tokens=max_tokens, overlap=overlap,
             progress=_progress("embedding chunks"),

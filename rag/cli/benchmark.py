@@ -86,7 +86,7 @@ def bench(
       rag bench --levels 1,2 --min-requests 2 --max-tokens 4 --no-extras
     """
     from rag import bench as b
-    from rag.prepare import MODEL_SETS
+    from rag.stack.prepare import MODEL_SETS
 
     try:
         level_list = sorted({int(x) for x in levels.split(",") if x.strip()})

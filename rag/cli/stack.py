@@ -38,7 +38,7 @@ def prepare(model_set: str, models_dir: Path | None) -> None:
       rag prepare
       rag prepare --set smollm2
     """
-    from rag.prepare import prepare as run
+    from rag.stack.prepare import prepare as run
 
     folders = run(model_set, models_dir or default_models_dir(), err)
     for role, folder in folders.items():
@@ -62,15 +62,15 @@ def check(path: Path, as_json: bool) -> None:
     size the configs set; that no engine_kwargs holds an api_key, no config pins
     accelerator_type and every config sets max_ongoing_requests; that the GPU
     shares sum to at most 0.85; and that each model's weights plus the KV cache
-    for its max_model_len fit its share of the card (from rag/model_facts.yaml).
+    for its max_model_len fit its share of the card (from rag/stack/model_facts.yaml).
 
     \b
     Examples:
       rag check
       rag check -f staging.yaml --json
     """
-    from rag.budget import GiB
-    from rag.preflight import check as run
+    from rag.stack.budget import GiB
+    from rag.stack.preflight import check as run
 
     report = run(path)
     if as_json:
@@ -169,8 +169,8 @@ def serve(
       rag serve --port 8100
       RAG_CPU_MODELS=smollm2 rag serve
     """
-    from rag.preflight import load_deploy
-    from rag.serve import serve_forever
+    from rag.stack.preflight import load_deploy
+    from rag.stack.serve import serve_forever
 
     deploy = load_deploy(path)
     profile = profile or detect_profile()
@@ -204,7 +204,7 @@ def _stdout_for_results_only() -> TextIO:
 
 def _require_prepared() -> None:
     """Fail fast (not minutes into a boot) when the CPU weights are not prepared."""
-    from rag.prepare import MODEL_SETS
+    from rag.stack.prepare import MODEL_SETS
 
     model_set = os.environ.get("RAG_CPU_MODELS", "qwen")
     if model_set not in MODEL_SETS:

@@ -5,7 +5,7 @@ the weights, the activations of one forward pass plus the CUDA context and
 graphs (ENGINE_OVERHEAD below, measured-order estimates), and a KV cache
 large enough for at least one sequence of `max_model_len` tokens, or it
 refuses to start. Everything here is arithmetic on facts from
-`rag/model_facts.yaml`; nothing touches a GPU.
+`rag/stack/model_facts.yaml`; nothing touches a GPU.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class ModelFacts:
 
 
 def load_facts(path: Path = FACTS_FILE) -> dict[str, ModelFacts]:
-    """Read rag/model_facts.yaml into ModelFacts by model name."""
+    """Read rag/stack/model_facts.yaml into ModelFacts by model name."""
     raw: dict[str, dict[str, Any]] = yaml.safe_load(path.read_text()) or {}
     facts = {}
     for name, f in raw.items():

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from rag.errors import ServeError
+from rag.stack import footprint, hardware
 
 __all__ = ["OFFLINE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
 
@@ -195,6 +196,8 @@ def serve_forever(
 
     start = time.monotonic()
     log(f"starting Ray ({num_cpus} logical CPUs) and Serve on {host}:{port} [profile {profile}]")
+    if profile == "cpu":
+        log(hardware.detect().describe())
     ray.init(
         num_cpus=num_cpus,
         include_dashboard=False,
@@ -250,6 +253,7 @@ def serve_forever(
                 + f" (logs: {logs})"
             )
         log(f"all four engines answered in {time.monotonic() - start:.0f} s")
+        log(f"memory: {footprint.measure(os.getpid(), 'rag serve').summary()}")
         try:
             log(f"first answer from `chat`: {first_answer(url)}")
         except httpx.HTTPError as exc:  # the probe passed; a slow first answer is no reason to stop

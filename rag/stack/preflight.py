@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from rag.budget import EngineBudget, GiB, engine_budget, load_facts
 from rag.errors import ConfigError
+from rag.stack.budget import EngineBudget, GiB, engine_budget, load_facts
 
 __all__ = ["MAX_TOTAL_SHARE", "Deploy", "Finding", "Report", "check", "load_deploy"]
 
@@ -276,7 +276,7 @@ def _check_gpu_budget(report: Report, deploy: Deploy, configs: dict[str, Any]) -
         if f is None:
             report.add(
                 "model-facts",
-                f"config `{role}`: no architecture facts for `{model}` in rag/model_facts.yaml; "
+                f"config `{role}`: no architecture facts for `{model}` in rag/stack/model_facts.yaml; "
                 "add its parameters, layers, kv_heads and head_dim from its config.json",
             )
             continue

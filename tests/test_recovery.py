@@ -1,0 +1,57 @@
+"""A dead engine is replaced by Serve and its callers recover, with no manual step.
+
+Runs after every other stack test (marker `disruptive`): it kills the chat
+engine's EngineCore process of the running stack, then asks a question through
+the CLI, which must wait for the replacement and answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rag.cli import main
+from rag.stack import footprint
+from tests.conftest import ROOT, Stack
+
+pytestmark = [pytest.mark.stack, pytest.mark.disruptive]
+
+
+def _engine_core(stack_pid: int, role: str) -> int:
+    cores = [
+        p.pid for p in footprint.measure(stack_pid).processes if p.kind == "engine core" and p.role == role
+    ]
+    assert len(cores) == 1, f"expected one EngineCore for `{role}`, found {cores}"
+    return cores[0]
+
+
+def test_killing_the_chat_engine_core_then_rag_ask_answers_once_it_is_back(
+    stack: Stack, tmp_path: Path
+) -> None:
+    if stack.pid is None:
+        pytest.skip("needs a stack this session started (RAG_TEST_BASE_URL is set)")
+    env = {"RAG_BASE_URL": stack.base_url, "RAG_INDEX_DIR": str(tmp_path / "index")}
+    runner = CliRunner()
+    built = runner.invoke(main, ["index", str(ROOT / "corpus" / "troubleshooting.md")], env=env)
+    assert built.exit_code == 0, built.output
+
+    victim = _engine_core(stack.pid, "chat")
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+
+    result = runner.invoke(
+        main, ["ask", "What should I do when port 8000 is already taken?", "--json"], env=env
+    )
+    answered_s = time.monotonic() - killed_at
+    assert result.exit_code == 0, result.output
+    assert '"text"' in result.stdout and "port" in result.stdout.lower()
+    assert "waiting for `chat`" in result.stderr  # the wait was explained, not silent
+    replacement = _engine_core(stack.pid, "chat")
+    assert replacement != victim
+    print(f"\nkill -9 of chat's EngineCore -> rag ask answered in {answered_s:.0f} s", file=sys.stderr)
