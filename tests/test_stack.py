@@ -134,3 +134,24 @@ def test_prompt_longer_than_max_model_len_is_refused(oai: OpenAI) -> None:
     message = str(info.value).lower()
     assert "context" in message or "length" in message or "token" in message
     _still_serving(oai)
+
+
+def test_serve_says_which_dtype_this_cpu_got(stack: Stack) -> None:
+    from rag.stack.hardware import detect
+
+    if stack.log is None:
+        pytest.skip("needs a stack this session started")
+    assert detect().describe() in stack.log.read_text()
+
+
+def test_each_engine_is_one_process_and_no_idle_workers_hold_memory(stack: Stack) -> None:
+    from rag.stack import footprint
+
+    if stack.pid is None:
+        pytest.skip("needs a stack this session started")
+    mem = footprint.measure(stack.pid)
+    kinds = mem.by_kind()
+    cores = sorted(p.role or "?" for p in mem.processes if p.kind == "engine core")
+    assert cores == sorted(ROLES)  # the model runs inside its EngineCore: no worker process
+    assert "engine worker" not in kinds and "idle ray worker" not in kinds, kinds
+    assert sorted(mem.by_role()) == sorted(ROLES)

@@ -28,7 +28,7 @@ _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("serve controller", re.compile(r"ServeController")),
     ("serve proxy", re.compile(r"ProxyActor")),
     ("idle ray worker", re.compile(r"ray::IDLE")),
-    ("ray task", re.compile(r"^ray::")),
+    ("other ray actor", re.compile(r"^ray::")),
     ("ray core", re.compile(r"raylet|gcs_server|dashboard|log_monitor|runtime_env|monitor\.py")),
 )
 _ROLE = re.compile(r"ServeReplica:\w+:LLMServer:(\w+)")

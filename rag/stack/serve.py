@@ -253,7 +253,9 @@ def serve_forever(
                 + f" (logs: {logs})"
             )
         log(f"all four engines answered in {time.monotonic() - start:.0f} s")
-        log(f"memory: {footprint.measure(os.getpid(), 'rag serve').summary()}")
+        mem = footprint.measure(os.getpid(), "rag serve")
+        log(f"memory: {mem.summary()}")
+        log("  per engine: " + ", ".join(f"{r} {b / footprint.GiB:.2f}" for r, b in mem.by_role().items()))
         try:
             log(f"first answer from `chat`: {first_answer(url)}")
         except httpx.HTTPError as exc:  # the probe passed; a slow first answer is no reason to stop
