@@ -31,7 +31,7 @@ check: install  ## preflight inference.yaml and the GPU memory budget
 	$(BIN)/rag check
 
 test: models  ## the whole suite: unit tests, then the real four-engine CPU stack
-	@$(BIN)/python -m pytest tests; rc=$$?; \
+	@$(BIN)/python -m pytest tests --durations=8; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; exit $$rc
 
 test-fast: install  ## unit tests only (no stack boot)

@@ -23,6 +23,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def report(request: pytest.FixtureRequest, line: str) -> None:
+    """A line in pytest's own output (not captured): measurements a reader of CI wants."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+    else:
+        print(line, file=sys.stderr)
+
+
 class Stack:
     """A running `rag serve` (or one named by RAG_TEST_BASE_URL)."""
 
@@ -33,7 +42,7 @@ class Stack:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """Boot `rag serve` on a free port, yield its URL, stop it and prove nothing is left."""
     if url := os.environ.get("RAG_TEST_BASE_URL"):  # reuse a running stack while developing
         yield Stack(url.rstrip("/"), None)
@@ -44,7 +53,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         server = Managed("rag serve", cmd, log, BOOT_TIMEOUT_S, lambda m: None)
     except ServeError:
         pytest.fail(f"rag serve gave no URL in {BOOT_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}")
-    print(f"\nstack up at {server.url} (log {log})", file=sys.stderr)
+    report(request, f"stack up at {server.url} (log {log})")
+    for line in log.read_text().splitlines():  # boot time, dtype and memory, for the CI log
+        if line.startswith(("cpu:", "all four engines", "memory:", "  per engine:")):
+            report(request, line.strip())
     try:
         yield Stack(server.url, log, server.proc.pid)
     finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from click.testing import CliRunner
 
 from rag.cli import main
 from rag.stack import footprint
-from tests.conftest import ROOT, Stack
+from tests.conftest import ROOT, Stack, report
 
 pytestmark = [pytest.mark.stack, pytest.mark.disruptive]
 
@@ -32,7 +31,7 @@ def _engine_core(stack_pid: int, role: str) -> int:
 
 
 def test_killing_the_chat_engine_core_then_rag_ask_answers_once_it_is_back(
-    stack: Stack, tmp_path: Path
+    stack: Stack, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     if stack.pid is None:
         pytest.skip("needs a stack this session started (RAG_TEST_BASE_URL is set)")
@@ -54,4 +53,8 @@ def test_killing_the_chat_engine_core_then_rag_ask_answers_once_it_is_back(
     assert "waiting for `chat`" in result.stderr  # the wait was explained, not silent
     replacement = _engine_core(stack.pid, "chat")
     assert replacement != victim
-    print(f"\nkill -9 of chat's EngineCore -> rag ask answered in {answered_s:.0f} s", file=sys.stderr)
+    waits = [ln for ln in result.stderr.splitlines() if ln.startswith("waiting for")]
+    report(
+        request,
+        f"kill -9 of chat's EngineCore -> rag ask answered in {answered_s:.0f} s ({len(waits)} waits)",
+    )
