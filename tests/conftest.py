@@ -26,10 +26,12 @@ def free_port() -> int:
 def report(request: pytest.FixtureRequest, line: str) -> None:
     """A line in pytest's own output (not captured): measurements a reader of CI wants."""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    else:
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
         print(line, file=sys.stderr)
+        return
+    with capture.global_and_fixture_disabled():  # the reporter writes to fd 1, captured here
+        reporter.write_line(line)
 
 
 class Stack:
