@@ -12,6 +12,7 @@ its callers wait for it instead of failing. Every wait is reported through
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -105,7 +106,7 @@ class StackClient:
             return
         error = HTTPStatusError(self._url(path), r.status_code, _server_message(r))
         if r.status_code in RETRY_STATUSES:
-            raise _Retry(f"answered {r.status_code}", error, _retry_after(r))
+            raise _Retry(f"answered {r.status_code} ({error.server_message[:80]})", error, _retry_after(r))
         raise error
 
     def _transport_error(self, exc: httpx.TransportError, engine: str) -> Exception:
@@ -121,7 +122,7 @@ class StackClient:
         """attempt() until it succeeds, raises a final error, or the retry deadline passes."""
         deadline = self.settings.retry_deadline_s
         start = self._clock()
-        for n in range(1_000_000):
+        for n in itertools.count():
             try:
                 return attempt()
             except httpx.TransportError as exc:
@@ -142,7 +143,7 @@ class StackClient:
                 f"({waited:.0f} of {deadline:.0f} s, RAG_RETRY_DEADLINE_S)"
             )
             self._sleep(pause)
-        raise AssertionError("unreachable")
+        raise AssertionError("itertools.count() ended")  # pragma: no cover - for the type checker
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         """POST a request that is safe to repeat, retrying as the module docstring says."""
