@@ -109,6 +109,15 @@ def test_serve_without_prepared_models_says_to_prepare(
     assert "run `rag prepare" in one_line_error(result.output)
 
 
+def test_serve_with_an_unknown_cpu_dtype_names_the_choices(
+    runner: CliRunner, fake_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAG_CPU_DTYPE", "fp8")
+    result = runner.invoke(main, ["serve", "--profile", "cpu", "--port", str(free_port())])
+    assert result.exit_code == 1
+    assert "RAG_CPU_DTYPE='fp8': choose one of bfloat16, float32" in one_line_error(result.output)
+
+
 def test_serve_on_a_taken_port_says_so(runner: CliRunner, fake_models: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -164,10 +164,18 @@ def serve(
     Ctrl-C stops Serve and the local Ray cluster, leaving no process behind.
 
     \b
+    CPU profile: bfloat16 where the CPU has AVX512-BF16 or AMX, float32
+    elsewhere (logged as `cpu: AVX2, no bf16 -> float32`); RAG_CPU_DTYPE
+    overrides it, RAG_ENGINE_THREADS sets each engine's OpenMP threads
+    (default: a quarter of the cores). Once all four answer, the memory of
+    the whole stack is logged.
+
+    \b
     Examples:
       rag serve
       rag serve --port 8100
       RAG_CPU_MODELS=smollm2 rag serve
+      RAG_CPU_DTYPE=float32 rag serve
     """
     from rag.stack.preflight import load_deploy
     from rag.stack.serve import serve_forever
@@ -175,7 +183,10 @@ def serve(
     deploy = load_deploy(path)
     profile = profile or detect_profile()
     if profile == "cpu":
+        from rag.stack.hardware import detect
+
         _require_prepared()
+        detect()  # a bad RAG_CPU_DTYPE fails here, in one line, before Ray starts
 
     url_out = _stdout_for_results_only()
 
