@@ -186,31 +186,35 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     }
     # Weights are local folders (`rag prepare`): skip Ray's per-node download task.
     local = {"callback_class": "rag.stack.engine_hooks.LocalWeights"}
-    # The four engines share the cores. Measured on 2 cores (bf16): one thread per engine
-    # decoded 64 tokens in 3.44 s against 3.80 s with two (oversubscribed), scored 8
-    # documents in 1.39 s against 1.25 s, and booted no slower.
-    threads = os.environ.get("RAG_ENGINE_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // 4))
-    runtime_env = {
-        "env_vars": {
-            # Run each model inside its EngineCore process (rag/stack/engine_hooks.py):
-            # one process and one torch import less per engine, no pinning of every
-            # engine to core 0, no RPC timeout to outlive on a slow CPU.
-            "RAYLLM_VLLM_ENGINE_CLS": "rag.stack.engine_hooks.InProcessEngine",
-            "OMP_NUM_THREADS": threads,  # RAG_ENGINE_THREADS overrides
-            # Belt and braces: were a multiprocess executor used, a slow step is waited
-            # for (an AVX2 machine took 295 s for one), not killed at vLLM's 300 s.
-            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
-            # Blocks of 4 MiB and more go straight back to the system when freed, instead
-            # of staying in malloc's heap after loading (0.36 GiB per Qwen engine, measured).
-            "MALLOC_MMAP_THRESHOLD_": str(4 * MiB),
-        }
+    env = {
+        # Run each model inside its EngineCore process (rag/stack/engine_hooks.py): one
+        # process and one torch import less per engine, no pinning of every engine to
+        # core 0, no RPC timeout to outlive on a slow CPU.
+        "RAYLLM_VLLM_ENGINE_CLS": "rag.stack.engine_hooks.InProcessEngine",
+        # Belt and braces: were a multiprocess executor used, a slow step is waited for
+        # (an AVX2 machine took 295 s for one), not killed at vLLM's 300 s.
+        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
+        # Blocks of 4 MiB and more go straight back to the system when freed, instead of
+        # staying in malloc's heap after loading (0.36 GiB per Qwen engine, measured).
+        "MALLOC_MMAP_THRESHOLD_": str(4 * MiB),
     }
+    # OpenMP threads per engine (RAG_ENGINE_THREADS overrides). Pooling engines (guard,
+    # score, embed) only prefill, which scales with cores; chat decodes, which does not,
+    # and shares the cores with them. Measured on 2 cores: score 8 documents in 1.25 s
+    # with 2 threads against 1.39 s with 1 (bf16), the dev-set eval 116 s against 165 s
+    # (float32); chat 64 tokens in 3.44 s with 1 thread against 3.80 s with 2 (bf16).
+    cores = len(os.sched_getaffinity(0))
+
+    def runtime_env(threads: int) -> dict[str, Any]:
+        omp = os.environ.get("RAG_ENGINE_THREADS") or str(max(1, threads))
+        return {"env_vars": env | {"OMP_NUM_THREADS": omp}}
+
     chat = LLMConfig(
         model_loading_config={"model_id": "chat", "model_source": folders["chat"]},
         deployment_config=_deployment(max_ongoing_requests=128),
         placement_group_config=placement(),
         callback_config=local,
-        runtime_env=runtime_env,
+        runtime_env=runtime_env(cores // 2),
         engine_kwargs=common
         | {
             "max_model_len": 4096,
@@ -224,7 +228,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(max_ongoing_requests=64),
         placement_group_config=placement(),
         callback_config=local,
-        runtime_env=runtime_env,
+        runtime_env=runtime_env(cores),
         engine_kwargs=common
         | {
             "runner": "pooling",
@@ -242,7 +246,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(max_ongoing_requests=128),
         placement_group_config=placement(),
         callback_config=local,
-        runtime_env=runtime_env,
+        runtime_env=runtime_env(cores),
         engine_kwargs=common
         | {
             "runner": "pooling",
@@ -258,7 +262,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(max_ongoing_requests=128),
         placement_group_config=placement(),
         callback_config=local,
-        runtime_env=runtime_env,
+        runtime_env=runtime_env(cores),
         engine_kwargs=common
         | {
             "runner": "pooling",

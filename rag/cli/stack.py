@@ -167,8 +167,8 @@ def serve(
     CPU profile: bfloat16 where the CPU has AVX512-BF16 or AMX, float32
     elsewhere (logged as `cpu: AVX2, no bf16 -> float32`); RAG_CPU_DTYPE
     overrides it, RAG_ENGINE_THREADS sets each engine's OpenMP threads
-    (default: a quarter of the cores). Once all four answer, the memory of
-    the whole stack is logged.
+    (default: half the cores for chat, all of them for the others). Once all
+    four answer, the memory of the whole stack is logged.
 
     \b
     Examples:
