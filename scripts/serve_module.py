@@ -153,7 +153,6 @@ def _gpu_configs() -> dict[str, LLMConfig]:
 
 # --------------------------------------------------------------------------- cpu
 # Sized for a 2-core, 24 GiB machine that also runs the test suite.
-UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 # Values cached per token, K and V x layers x KV heads x head dim, so that KV caches
 # are sized in tokens whatever the dtype.
 KV_VALUES_PER_TOKEN = {"qwen": 2 * 24 * 2 * 64, "smollm2": 2 * 30 * 3 * 64}

@@ -62,11 +62,22 @@ def test_detect_reads_the_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
     assert detect().dtype == "float32" and detect().overridden
 
 
-def test_serve_module_and_bench_baseline_use_the_same_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_module_runs_the_qwen_engines_in_the_chosen_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_settings import _serve_module
 
     for forced in ("float32", "bfloat16"):
-        monkeypatch.setenv("RAG_CPU_DTYPE", forced)
         module = _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_CPU_DTYPE=forced)
-        generative = [r for r in ("chat", "guard", "score")]
-        assert {module.CONFIGS[r].engine_kwargs["dtype"] for r in generative} == {forced}
+        assert {module.CONFIGS[r].engine_kwargs["dtype"] for r in ("chat", "guard", "score")} == {forced}
+        assert module.CONFIGS["embed"].engine_kwargs["dtype"] == "float32"  # 22M parameters: always
+
+
+def test_kv_caches_hold_the_same_tokens_in_either_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_settings import _serve_module
+
+    kv = {
+        forced: _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_CPU_DTYPE=forced)
+        .CONFIGS["chat"]
+        .engine_kwargs["kv_cache_memory_bytes"]
+        for forced in ("float32", "bfloat16")
+    }
+    assert kv["float32"] == 2 * kv["bfloat16"] == 2 * 24 * 1024 * 2 * 24 * 2 * 64 * 2
