@@ -40,7 +40,6 @@ class ProcessMemory:
     kind: str
     role: str | None  # the engine this process belongs to (chat, guard, ...) or None
     pss: int
-    rss: int
 
 
 @dataclass(frozen=True)
@@ -50,10 +49,6 @@ class Footprint:
     @property
     def pss(self) -> int:
         return sum(p.pss for p in self.processes)
-
-    @property
-    def rss(self) -> int:
-        return sum(p.rss for p in self.processes)
 
     def by_kind(self) -> dict[str, tuple[int, int]]:
         """kind -> (processes, PSS bytes), largest first."""
@@ -75,15 +70,6 @@ class Footprint:
         """One line: total PSS, then each kind."""
         kinds = ", ".join(f"{k} {n}x {b / GiB:.2f}" for k, (n, b) in self.by_kind().items())
         return f"{self.pss / GiB:.1f} GiB PSS over {len(self.processes)} processes ({kinds})"
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "pss_gib": round(self.pss / GiB, 2),
-            "rss_gib": round(self.rss / GiB, 2),
-            "processes": len(self.processes),
-            "by_kind": {k: {"n": n, "pss_gib": round(b / GiB, 2)} for k, (n, b) in self.by_kind().items()},
-            "by_role": {r: round(b / GiB, 2) for r, b in self.by_role().items()},
-        }
 
 
 def _kind(title: str) -> str:
@@ -124,7 +110,6 @@ def measure(root_pid: int, root_kind: str = "driver") -> Footprint:
             kind=root_kind if p.pid == root_pid else _kind(titles[p.pid]),
             role=role_of(p.pid),
             pss=int(getattr(mem, "pss", mem.rss)),
-            rss=int(mem.rss),
         )
         for p, mem in rows
     ]
