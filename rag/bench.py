@@ -239,7 +239,7 @@ class Managed:
 
 def start_stack(port: int, workdir: Path, log: Log) -> Managed:
     log(f"starting the stack on port {port} (a few minutes on CPU) ...")
-    cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", str(port), "--metrics-port", str(port + 2)]
     return Managed("the stack", cmd, workdir / "stack.log", 1200, log)
 
 
@@ -341,6 +341,92 @@ def ask_latency(
                 }
             )
     return out
+
+
+def overload(base_url: str, model: str, factor: int = 10, max_tokens: int = 16) -> dict[str, Any]:
+    """`factor` x the engine's batch in concurrent chat requests, all at once.
+
+    How many were served, how many refused (429/503, as the bounded queue should),
+    how fast a refusal came back, and /v1/models latency meanwhile (the ingress must
+    stay responsive). Every request has a deadline, so a hang shows as `hung`.
+    """
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        cards = client.get("/models").raise_for_status().json()["data"]
+    facts: dict[str, Any] = next(
+        (c.get("metadata", {}).get("rag", {}) for c in cards if c["id"] == model), {}
+    )
+    batch = int(facts.get("limits", {}).get("batch", 0))
+    if batch <= 0:
+        raise ServeError(f"{base_url}/models does not give `{model}`'s batch (metadata.rag.limits.batch)")
+    n = factor * batch
+    prompts = workload(n, 5, words=(10, 30))
+    deadline_s = 900.0
+
+    async def run() -> dict[str, Any]:
+        limits = httpx.Limits(max_connections=n + 8, max_keepalive_connections=n + 8)
+        async with httpx.AsyncClient(base_url=base_url, timeout=deadline_s, limits=limits) as http:
+            done = asyncio.Event()
+            models_s: list[float] = []
+
+            async def poll_models() -> None:
+                while not done.is_set():
+                    t = time.perf_counter()
+                    with contextlib.suppress(httpx.HTTPError):
+                        (await http.get("/models")).raise_for_status()
+                        models_s.append(time.perf_counter() - t)
+                    await asyncio.sleep(0.25)
+
+            async def one(prompt: str) -> tuple[int, float, str]:
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                }
+                t = time.perf_counter()
+                try:
+                    r = await http.post("/chat/completions", json=body)
+                    return r.status_code, time.perf_counter() - t, r.headers.get("retry-after", "")
+                except httpx.TimeoutException:
+                    return -1, time.perf_counter() - t, ""
+                except httpx.HTTPError:
+                    return -2, time.perf_counter() - t, ""
+
+            poller = asyncio.create_task(poll_models())
+            start = time.perf_counter()
+            results = await asyncio.gather(*(one(p) for p in prompts))
+            wall = time.perf_counter() - start
+            done.set()
+            await poller
+
+        served = [s for code, s, _ in results if code == 200]
+        refused = [s for code, s, _ in results if code in (429, 503)]
+        retry_after = sorted({ra for code, _, ra in results if code in (429, 503) and ra})
+
+        def pct(xs: list[float], q: float) -> float | None:
+            return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
+
+        return {
+            "engine": model,
+            "batch": batch,
+            "concurrent": n,
+            "served": len(served),
+            "refused": len(refused),
+            "other_status": sorted({code for code, _, _ in results if code not in (200, 429, 503, -1, -2)}),
+            "hung": sum(1 for code, _, _ in results if code == -1),
+            "connection_errors": sum(1 for code, _, _ in results if code == -2),
+            "refusal_p50_s": pct(refused, 0.5),
+            "refusal_max_s": round(max(refused), 3) if refused else None,
+            "retry_after_s": retry_after,
+            "served_p50_s": pct(served, 0.5),
+            "served_max_s": round(max(served), 3) if served else None,
+            "models_p50_s": pct(models_s, 0.5),
+            "models_max_s": round(max(models_s), 3) if models_s else None,
+            "models_polls": len(models_s),
+            "wall_s": round(wall, 2),
+        }
+
+    return asyncio.run(run())
 
 
 # --------------------------------------------------------------------------- report

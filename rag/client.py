@@ -78,6 +78,7 @@ class StackClient:
         self._on_wait = on_wait or (lambda message: None)
         self._sleep, self._clock = sleep, clock
         self._reached = False  # once the server answered, a refused connection means it restarts
+        self._facts: dict[str, dict[str, Any]] | None = None
         self._http = httpx.Client(
             base_url=settings.base_url,
             timeout=httpx.Timeout(settings.timeout_s, connect=5.0),
@@ -155,16 +156,26 @@ class StackClient:
 
         return self._with_retries(str(body.get("model", "?")), attempt)
 
-    def models(self) -> list[str]:
-        """Model ids the server lists."""
-
-        def attempt() -> list[str]:
+    def _model_cards(self) -> list[dict[str, Any]]:
+        def attempt() -> list[dict[str, Any]]:
             r = self._http.get("/models")
             self._check(r, "/models")
-            return [m["id"] for m in r.json().get("data", [])]
+            return list(r.json().get("data", []))
 
-        result: list[str] = self._with_retries("ingress", attempt)
+        result: list[dict[str, Any]] = self._with_retries("ingress", attempt)
         return result
+
+    def models(self) -> list[str]:
+        """Model ids the server lists."""
+        return [m["id"] for m in self._model_cards()]
+
+    def facts(self) -> dict[str, dict[str, Any]]:
+        """What the server says about each model (metadata["rag"] in /v1/models), by id."""
+        if self._facts is None:
+            self._facts = {
+                m["id"]: dict((m.get("metadata") or {}).get("rag") or {}) for m in self._model_cards()
+            }
+        return self._facts
 
     # ------------------------------------------------------------------ engines
     def embed(self, texts: Sequence[str], batch_size: int = 32, workers: int = 4) -> np.ndarray:

@@ -20,6 +20,7 @@ from rag.guard import Verdict
 from rag.guard import check as guard_check
 from rag.index import PROBE, Index
 from rag.retrieve import BM25, Hit, dense, fuse, rrf
+from rag.served import resolve
 from rag.settings import Settings
 
 __all__ = ["MODES", "RERANK_MODES", "Answer", "Pipeline"]
@@ -67,10 +68,17 @@ class Pipeline:
     """Search and ask over one index through one running stack."""
 
     def __init__(self, settings: Settings, client: StackClient, index: Index) -> None:
-        self.s = settings
+        self._settings = settings
         self.client = client
         self.index = index
         self._bm25: BM25 | None = None
+
+    @property
+    def s(self) -> Settings:
+        """The settings, with the guard format and rerank mode the server names where unset."""
+        if not (self._settings.guard_format and self._settings.rerank_mode):
+            self._settings = resolve(self._settings, self.client)
+        return self._settings
 
     @property
     def bm25(self) -> BM25:

@@ -30,6 +30,7 @@ CPU_MODEL_SETS: tuple[str, ...] = ("qwen", "smollm2")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+DEFAULT_METRICS_PORT = 8080  # Ray's Prometheus endpoint, as Ray's own docs use it
 
 
 def default_models_dir() -> Path:
@@ -65,10 +66,10 @@ class Settings:
     retrieval: str  # dense | lexical | fused
     top_k: int  # candidates retrieved
     rerank_n: int  # of those, how many go through /v1/score
-    rerank_mode: str  # order | blend | floor: how rerank scores reorder the candidates
+    rerank_mode: str  # order | blend | floor, or "" (the server's reranker decides)
     sources: int  # of those, how many the answer may cite
     min_score: float  # rerank floor: below it the corpus "does not cover" the question
-    guard_format: str  # score (CPU) | qwen3guard (GPU)
+    guard_format: str  # score (CPU) | qwen3guard (GPU), or "" (the server says)
     guard_threshold: float  # P(unsafe) at or above which the score-format guard blocks
     guard_strict: bool  # qwen3guard: block "Controversial" too
     max_tokens: int
@@ -76,7 +77,6 @@ class Settings:
     @classmethod
     def from_env(cls) -> Settings:
         """Read every setting from the environment, falling back to the defaults."""
-        gpu = detect_profile() == "gpu"  # the GPU profile's guard and reranker are trained models
         return cls(
             base_url=os.environ.get("RAG_BASE_URL", f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1").rstrip("/"),
             # Ray Serve's ingress checks no key by default; the OpenAI client insists on one.
@@ -92,12 +92,14 @@ class Settings:
             retrieval=os.environ.get("RAG_RETRIEVAL", "fused"),
             top_k=_int("RAG_TOP_K", 20),
             rerank_n=_int("RAG_RERANK_N", 8),
-            # The CPU reranker (a 0.5B chat model asked yes/no) ranks worse than fused
-            # retrieval on the dev set, so on CPU its scores only gate the relevance floor.
-            rerank_mode=os.environ.get("RAG_RERANK_MODE") or ("order" if gpu else "floor"),
+            # Empty: ask the server what its reranker is (rag/served.py). A trained one
+            # orders the candidates; the CPU one (a 0.5B chat model asked yes/no) ranks worse
+            # than fused retrieval on the dev set, so its scores only gate the relevance floor.
+            rerank_mode=os.environ.get("RAG_RERANK_MODE", "").strip(),
             sources=_int("RAG_SOURCES", 3),
             min_score=_float("RAG_MIN_SCORE", 0.05),
-            guard_format=os.environ.get("RAG_GUARD_FORMAT") or ("qwen3guard" if gpu else "score"),
+            # Empty: ask the server which format its guard speaks (rag/served.py).
+            guard_format=os.environ.get("RAG_GUARD_FORMAT", "").strip(),
             guard_threshold=_float("RAG_GUARD_THRESHOLD", 0.86),
             guard_strict=os.environ.get("RAG_GUARD_STRICT", "0").lower() in ("1", "true", "yes"),
             max_tokens=_int("RAG_MAX_TOKENS", 384),

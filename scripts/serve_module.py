@@ -13,8 +13,10 @@ visible, else `cpu`):
   RAG_MODELS_DIR; RAG_CPU_MODELS picks the set (`qwen`, default, or `smollm2`).
 
 The served model ids are the role names, so clients never change with the profile.
-This file must stay importable without the `rag` package (a deploy target may
-not have it); `tests/test_settings.py` keeps its env defaults equal to rag.settings.
+Importing this file needs only Ray (`rag check` reads it on any machine); building
+`app` needs the `rag` package too, for the ingress (rag/stack/ingress.py), as the
+CPU profile does for its engine hooks. `tests/test_settings.py` keeps the env
+defaults here equal to rag.settings.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ray.serve import Application
-from ray.serve.llm import LLMConfig, build_openai_app
+from ray.serve.llm import LLMConfig
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 MiB = 1 << 20
@@ -74,20 +76,57 @@ def _two_token_classifier(arch: str) -> dict[str, Any]:
     }
 
 
-def _deployment(max_ongoing_requests: int) -> dict[str, Any]:
-    # One replica per engine: the card (or the CPU) has room for exactly one of each.
-    # max_ongoing_requests above the engine's batch, so Serve never starves it
-    # (Serve's default of 5 would cap a 16-wide batch at 5).
+def _deployment(batch: int, retry_after_s: float) -> dict[str, Any]:
+    """One replica per engine, with a bounded queue in front of it.
+
+    The card (or the CPU) has room for exactly one replica of each. Serve lets one
+    engine batch of requests in (`max_ongoing_requests` = the engine's max_num_seqs;
+    Serve's default of 5 would starve a batching engine) and one more batch wait;
+    beyond that a request is refused at once with 429 and Retry-After, instead of
+    waiting minutes behind an overload (Ray's LLM default queue is unbounded).
+    """
+    max_ongoing_requests = batch
     return {
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
         "max_ongoing_requests": max_ongoing_requests,
+        "max_queued_requests": batch,
+        "backpressure_config": {"status_code": 429, "retry_after_s": retry_after_s},
     }
+
+
+# What a client may ask the server about each role, served in /v1/models as each
+# model's metadata["rag"] (rag/stack/ingress.py adds the request limits): the `rag`
+# client reads the guard's reply format and the reranker's kind from there, so it
+# works the same against a stack on another machine.
+ROLE_FACTS: dict[str, dict[str, dict[str, str]]] = {
+    "gpu": {
+        "chat": {"tools": "hermes"},
+        "guard": {"guard_format": "qwen3guard"},  # Qwen3Guard-Gen answers through chat
+        "embed": {},
+        "score": {"reranker": "cross-encoder"},  # a trained reranker: its order is trusted
+    },
+    "cpu": {
+        "chat": {"tools": "hermes_json"},
+        "guard": {"guard_format": "score"},  # the chat LM as a P(unsafe) classifier on /v1/score
+        "embed": {},
+        "score": {"reranker": "yes-no-llm"},  # the chat LM asked yes/no: a relevance floor only
+    },
+}
+# Tool calls: Qwen2.5 and Qwen3 write <tool_call>{json}</tool_call>, vLLM's `hermes` parser.
+# The CPU model writes the JSON without the tags; `hermes_json` (rag/stack/tool_parser.py)
+# reads both.
+TOOLS = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+CPU_TOOLS = TOOLS | {"tool_call_parser": "hermes_json"}
 
 
 # --------------------------------------------------------------------------- gpu
 # One 24 GB card. Shares sum to 0.84: vLLM checks free memory against each
 # engine's share at boot, and the CUDA contexts of four processes need the rest.
 GPU_SHARES = {"chat": 0.32, "guard": 0.40, "embed": 0.06, "score": 0.06}
+
+
+# Ray's vLLM engine with /tokenize and /detokenize fixed for vLLM 0.29 (rag/stack/engine_hooks.py).
+ENGINE_CLS = {"RAYLLM_VLLM_ENGINE_CLS": "rag.stack.engine_hooks.Engine"}
 
 
 def _gpu_configs() -> dict[str, LLMConfig]:
@@ -97,21 +136,24 @@ def _gpu_configs() -> dict[str, LLMConfig]:
 
     chat = LLMConfig(
         model_loading_config={"model_id": "chat", "model_source": "Qwen/Qwen3-4B-Instruct-2507-FP8"},
-        deployment_config=_deployment(max_ongoing_requests=64),
+        deployment_config=_deployment(batch=32, retry_after_s=2),
         placement_group_config=placement("chat"),
         accelerator_type=None,  # any card with 24 GB; pinning a type only blocks scheduling
+        runtime_env={"env_vars": ENGINE_CLS},
         engine_kwargs={
             "gpu_memory_utilization": GPU_SHARES["chat"],
             "tensor_parallel_size": 1,  # one card; mirrored in inference.yaml's vllm: block
             "max_model_len": 8192,  # sources + question + answer; KV for it fits the share
             "max_num_seqs": 32,
-        },
+        }
+        | TOOLS,
     )
     guard = LLMConfig(
         model_loading_config={"model_id": "guard", "model_source": "Qwen/Qwen3Guard-Gen-4B"},
-        deployment_config=_deployment(max_ongoing_requests=64),
+        deployment_config=_deployment(batch=32, retry_after_s=1),
         placement_group_config=placement("guard"),
         accelerator_type=None,
+        runtime_env={"env_vars": ENGINE_CLS},
         engine_kwargs={
             "gpu_memory_utilization": GPU_SHARES["guard"],
             "tensor_parallel_size": 1,
@@ -122,9 +164,10 @@ def _gpu_configs() -> dict[str, LLMConfig]:
     )
     embed = LLMConfig(
         model_loading_config={"model_id": "embed", "model_source": "BAAI/bge-small-en-v1.5"},
-        deployment_config=_deployment(max_ongoing_requests=128),
+        deployment_config=_deployment(batch=64, retry_after_s=1),
         placement_group_config=placement("embed"),
         accelerator_type=None,
+        runtime_env={"env_vars": ENGINE_CLS},
         engine_kwargs={
             "gpu_memory_utilization": GPU_SHARES["embed"],
             "tensor_parallel_size": 1,
@@ -132,13 +175,15 @@ def _gpu_configs() -> dict[str, LLMConfig]:
             "convert": "embed",  # serves /v1/embeddings
             "dtype": "float16",
             "max_model_len": 512,  # the model's position limit
+            "max_num_seqs": 64,
         },
     )
     score = LLMConfig(
         model_loading_config={"model_id": "score", "model_source": "BAAI/bge-reranker-base"},
-        deployment_config=_deployment(max_ongoing_requests=128),
+        deployment_config=_deployment(batch=64, retry_after_s=1),
         placement_group_config=placement("score"),
         accelerator_type=None,
+        runtime_env={"env_vars": ENGINE_CLS},
         engine_kwargs={
             "gpu_memory_utilization": GPU_SHARES["score"],
             "tensor_parallel_size": 1,
@@ -146,6 +191,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
             "convert": "classify",  # a trained cross-encoder: serves /v1/score
             "dtype": "float16",
             "max_model_len": 512,
+            "max_num_seqs": 64,
         },
     )
     return {"chat": chat, "guard": guard, "embed": embed, "score": score}
@@ -210,7 +256,8 @@ def _cpu_configs() -> dict[str, LLMConfig]:
 
     chat = LLMConfig(
         model_loading_config={"model_id": "chat", "model_source": folders["chat"]},
-        deployment_config=_deployment(max_ongoing_requests=128),
+        # A 64-token answer takes 3-8 s on 2 cores: a refused caller waits one of them.
+        deployment_config=_deployment(batch=64, retry_after_s=5),
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env(cores // 2),
@@ -220,11 +267,12 @@ def _cpu_configs() -> dict[str, LLMConfig]:
             "max_num_seqs": 64,  # the benchmark sweeps to 64 concurrent requests
             # 24k tokens: 64 bench requests (~250 tokens) or 12 RAG prompts (~2k) at once.
             "kv_cache_memory_bytes": 24 * 1024 * kv_bytes_per_token,
-        },
+        }
+        | CPU_TOOLS,
     )
     guard = LLMConfig(
         model_loading_config={"model_id": "guard", "model_source": folders["guard"]},
-        deployment_config=_deployment(max_ongoing_requests=64),
+        deployment_config=_deployment(batch=32, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env(cores),
@@ -242,7 +290,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     )
     embed = LLMConfig(
         model_loading_config={"model_id": "embed", "model_source": folders["embed"]},
-        deployment_config=_deployment(max_ongoing_requests=128),
+        deployment_config=_deployment(batch=64, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env(cores),
@@ -258,7 +306,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     )
     score = LLMConfig(
         model_loading_config={"model_id": "score", "model_source": folders["score"]},
-        deployment_config=_deployment(max_ongoing_requests=128),
+        deployment_config=_deployment(batch=32, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env(cores),
@@ -288,8 +336,11 @@ def configs(profile: str | None = None) -> dict[str, LLMConfig]:
 
 
 def build_app() -> Application:
-    """The OpenAI-compatible ingress over the four engines (needs Ray initialized)."""
-    return build_openai_app({"llm_configs": list(CONFIGS.values())})
+    """Our ingress over the four engines (needs Ray initialized): Ray Serve LLM's OpenAI
+    routes plus /v1/rerank, request limits and 429s (rag/stack/ingress.py)."""
+    from rag.stack.ingress import build_app as build_ingress
+
+    return build_ingress(CONFIGS, ROLE_FACTS[PROFILE])
 
 
 def __getattr__(name: str) -> Any:

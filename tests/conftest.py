@@ -37,20 +37,33 @@ def report(request: pytest.FixtureRequest, line: str) -> None:
 class Stack:
     """A running `rag serve` (or one named by RAG_TEST_BASE_URL)."""
 
-    def __init__(self, base_url: str, log: Path | None, pid: int | None = None) -> None:
+    def __init__(
+        self, base_url: str, log: Path | None, pid: int | None = None, metrics_url: str | None = None
+    ) -> None:
         self.base_url = base_url
         self.log = log
         self.pid = pid  # of `rag serve`, when this session started it
+        self.metrics_url = metrics_url  # Ray's Prometheus endpoint (RAG_TEST_METRICS_URL when reused)
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """Boot `rag serve` on a free port, yield its URL, stop it and prove nothing is left."""
     if url := os.environ.get("RAG_TEST_BASE_URL"):  # reuse a running stack while developing
-        yield Stack(url.rstrip("/"), None)
+        yield Stack(url.rstrip("/"), None, metrics_url=os.environ.get("RAG_TEST_METRICS_URL"))
         return
     log = tmp_path_factory.mktemp("stack") / "serve.log"
-    cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", str(free_port())]
+    metrics_port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "rag.cli",
+        "serve",
+        "--port",
+        str(free_port()),
+        "--metrics-port",
+        str(metrics_port),
+    ]
     try:
         server = Managed("rag serve", cmd, log, BOOT_TIMEOUT_S, lambda m: None)
     except ServeError:
@@ -60,7 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         if line.startswith(("cpu:", "all four engines", "memory:", "  per engine:")):
             report(request, line.strip())
     try:
-        yield Stack(server.url, log, server.proc.pid)
+        yield Stack(server.url, log, server.proc.pid, f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         killed = server.stop()
         assert server.proc.returncode == 0, (

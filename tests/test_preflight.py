@@ -70,6 +70,12 @@ FINDINGS: list[tuple[str, Edit, str, str]] = [
         "max_ongoing_requests",
     ),
     (
+        "queue-unbounded",
+        replace(MODULE, '"max_queued_requests": batch,', '"max_queued_requests": -1,'),
+        "bounded-queue",
+        "max_queued_requests",
+    ),
+    (
         "shares-sum-above-0.85",
         replace(MODULE, '"embed": 0.06, "score": 0.06}', '"embed": 0.10, "score": 0.06}'),
         "gpu-shares-sum",

@@ -65,11 +65,12 @@ def _settings(base_url: str | None, api_key: str | None, index_dir: Path | None,
     s = dataclasses.replace(s, **changes)
     if s.retrieval not in MODES:
         raise ConfigError(f"retrieval mode {s.retrieval!r}: choose one of {', '.join(MODES)} (RAG_RETRIEVAL)")
-    if s.rerank_mode not in RERANK_MODES:
+    # Empty: the server says (rag/served.py).
+    if s.rerank_mode and s.rerank_mode not in RERANK_MODES:
         raise ConfigError(
             f"rerank mode {s.rerank_mode!r}: choose one of {', '.join(RERANK_MODES)} (RAG_RERANK_MODE)"
         )
-    if s.guard_format not in GUARD_FORMATS:
+    if s.guard_format and s.guard_format not in GUARD_FORMATS:
         raise ConfigError(
             f"guard format {s.guard_format!r}: choose one of {', '.join(GUARD_FORMATS)} (RAG_GUARD_FORMAT)"
         )

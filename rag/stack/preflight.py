@@ -217,11 +217,20 @@ def _check_config(report: Report, role: str, cfg: Any) -> None:
             f"{where}: accelerator_type={cfg.accelerator_type!r}; leave it None so the engine "
             "schedules on whatever 24 GB card the cluster has",
         )
-    if "max_ongoing_requests" not in (cfg.deployment_config or {}):
+    deployment: dict[str, Any] = dict(cfg.deployment_config or {})
+    if "max_ongoing_requests" not in deployment:
         report.add(
             "max-ongoing-requests",
-            f"{where}: deployment_config lacks max_ongoing_requests; set it above the engine's "
+            f"{where}: deployment_config lacks max_ongoing_requests; set it to at least the engine's "
             "max_num_seqs (Serve's default of 5 starves a batching engine)",
+        )
+    queued = deployment.get("max_queued_requests", -1)
+    if not isinstance(queued, int) or queued < 0:
+        report.add(
+            "bounded-queue",
+            f"{where}: deployment_config has no bounded max_queued_requests ({queued!r}); set it "
+            "(to about the engine's max_num_seqs) so an overload is refused with 429 + Retry-After "
+            "instead of queueing for minutes",
         )
 
 

@@ -87,12 +87,12 @@ def probe(base_url: str, timeout_s: float = 60.0) -> dict[str, str]:
     }
     with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
         models = client.get("/models").json()
-        served = {m["id"] for m in models.get("data", [])}
+        facts = {m["id"]: (m.get("metadata") or {}).get("rag") or {} for m in models.get("data", [])}
         for role, (path, body) in requests.items():
-            if role not in served:
+            if role not in facts:
                 results[role] = "not served"
                 continue
-            if role == "guard" and _is_generative_guard():
+            if role == "guard" and facts[role].get("guard_format") == "qwen3guard":  # answers through chat
                 path, body = requests["chat"][0], {**requests["chat"][1], "model": "guard"}
             r = client.post(path, json=body)
             results[role] = "ok" if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
@@ -105,11 +105,6 @@ def first_answer(base_url: str, question: str = FIRST_QUESTION) -> str:
     r = httpx.post(f"{base_url}/chat/completions", json=body, timeout=120)
     r.raise_for_status()
     return " ".join(str(r.json()["choices"][0]["message"]["content"]).split())
-
-
-def _is_generative_guard() -> bool:
-    # The GPU guard (Qwen3Guard-Gen) answers through chat; the CPU one through /score.
-    return os.environ.get("RAG_PROFILE", "cpu") == "gpu"
 
 
 def _deployment_states() -> dict[str, tuple[str, str]]:
@@ -179,15 +174,24 @@ def serve_forever(
     boot_timeout_s: float,
     log: Log,
     on_ready: Callable[[str], None],
+    metrics_port: int | None = None,
     exit_after_ready: bool = False,
 ) -> None:
-    """Boot, wait until all four engines answer, call on_ready(url), serve until stopped."""
-    holder = port_holder(host, port)
-    if holder is not None:
-        raise ServeError(
-            f"port {port} on {host} is taken ({holder}); stop that process or pick another "
-            "port with --port (or RAG_PORT)"
-        )
+    """Boot, wait until all four engines answer, call on_ready(url), serve until stopped.
+
+    With `metrics_port`, Ray's Prometheus endpoint (vLLM engine and Serve metrics)
+    listens on that port of this machine.
+    """
+    ports = [(port, "--port (or RAG_PORT)")]
+    if metrics_port:
+        ports.append((metrics_port, "--metrics-port (or RAG_METRICS_PORT; 0 turns metrics off)"))
+    for number, option in ports:
+        holder = port_holder(host, number)
+        if holder is not None:
+            raise ServeError(
+                f"port {number} on {host} is taken ({holder}); stop that process or pick another "
+                f"port with {option}"
+            )
     os.environ.update(OFFLINE_ENV)
     os.environ["RAG_PROFILE"] = profile
 
@@ -201,6 +205,8 @@ def serve_forever(
     ray.init(
         num_cpus=num_cpus,
         include_dashboard=False,
+        # Ray's metrics agent serves every process's metrics here; None: a random port.
+        _metrics_export_port=metrics_port or None,
         log_to_driver=False,  # engine logs go to Ray's session folder, not the terminal
         logging_level=logging.WARNING,
     )
@@ -253,6 +259,8 @@ def serve_forever(
                 + f" (logs: {logs})"
             )
         log(f"all four engines answered in {time.monotonic() - start:.0f} s")
+        if metrics_port:
+            log(f"metrics: http://{host}:{metrics_port}/metrics (Prometheus; vLLM engines and Serve)")
         mem = footprint.measure(os.getpid(), "rag serve")
         log(f"memory: {mem.summary()}")
         log("  per engine: " + ", ".join(f"{r} {b / footprint.GiB:.2f}" for r, b in mem.by_role().items()))

@@ -1,0 +1,58 @@
+"""What the server says about its models, and the client settings that follow from it.
+
+The stack's ingress lists each role's facts in /v1/models as `metadata["rag"]`
+(rag/stack/ingress.py): which reply format the guard speaks and what kind of
+reranker `score` is. The client reads them from the server it talks to, never
+from the hardware it runs on, so a laptop pointed at a GPU stack (RAG_BASE_URL)
+reads Qwen3Guard's answers as Qwen3Guard's. RAG_GUARD_FORMAT and RAG_RERANK_MODE
+still override.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from rag.errors import ConfigError
+from rag.guard import GUARD_FORMATS
+from rag.settings import Settings
+
+__all__ = ["RERANK_MODE_FOR", "resolve"]
+
+# A trained cross-encoder orders the candidates; an LLM asked yes/no only gates the
+# relevance floor (it ranks worse than fused retrieval on the dev set).
+RERANK_MODE_FOR = {"cross-encoder": "order", "yes-no-llm": "floor"}
+
+
+class FactsClient(Protocol):
+    def facts(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+def resolve(settings: Settings, client: FactsClient) -> Settings:
+    """`settings` with guard_format and rerank_mode filled in from the server where unset."""
+    if settings.guard_format and settings.rerank_mode:
+        return settings
+    facts = client.facts()
+    url = settings.base_url
+    guard_format, rerank_mode = settings.guard_format, settings.rerank_mode
+    if not settings.guard_format:
+        fmt = facts.get(settings.guard_model, {}).get("guard_format")
+        if fmt not in GUARD_FORMATS:
+            raise ConfigError(
+                f"the server at {url} does not say which reply format its `{settings.guard_model}` model "
+                f"speaks (no metadata.rag.guard_format in /v1/models, got {fmt!r}); set "
+                f"RAG_GUARD_FORMAT to one of {', '.join(GUARD_FORMATS)}"
+            )
+        guard_format = str(fmt)
+    if not settings.rerank_mode:
+        kind = facts.get(settings.score_model, {}).get("reranker")
+        mode = RERANK_MODE_FOR.get(str(kind))
+        if mode is None:
+            raise ConfigError(
+                f"the server at {url} does not say what kind of reranker `{settings.score_model}` is "
+                f"(metadata.rag.reranker in /v1/models is {kind!r}); set RAG_RERANK_MODE to "
+                "order, blend or floor"
+            )
+        rerank_mode = mode
+    return dataclasses.replace(settings, guard_format=guard_format, rerank_mode=rerank_mode)

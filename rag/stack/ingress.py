@@ -1,0 +1,491 @@
+"""Our edge: Ray Serve LLM's OpenAI ingress, subclassed, with a strict boundary.
+
+Built on Ray Serve LLM 2.60's extension points (`OpenAiIngress` subclassed, routes
+wired by `make_fastapi_ingress` with our endpoint map), it keeps every route Ray
+serves for text models and adds:
+
+- `POST /v1/rerank` (and `/v2/rerank`, the Cohere v2 client's path): the Cohere /
+  Jina / vLLM shape, `{model, query, documents, top_n?, return_documents?}` ->
+  `{results: [{index, relevance_score, document?}]}` best first, served by /v1/score.
+- Request checks before any engine sees a request: message roles, sequences per
+  chat request, inputs per embeddings / score / rerank call (limits derived from
+  each engine's batch, see `Limits`), body size and content type. Every refusal is
+  a 4xx in the OpenAI error shape, `{"error": {"message", "type", "param", "code"}}`,
+  and so is every error Ray or FastAPI raise for a malformed request.
+- Back-pressure: each engine deployment has a bounded queue (serve_module's
+  `_deployment`); a request past it is answered 429 with Retry-After at once.
+- `/v1/models` carries each role's facts (guard format, reranker kind, limits) in
+  `metadata["rag"]`, so clients ask the server instead of guessing.
+
+Not routed: `/v1/audio/transcriptions` (no engine here takes audio).
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures' types.
+
+import json
+import math
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    OpenAIHTTPException,
+    ScoreRequest,
+    TokenizeCompletionRequest,
+    to_model_metadata,
+)
+from ray.llm._internal.serve.core.ingress.ingress import (
+    DEFAULT_ENDPOINTS,
+    OpenAiIngress,
+    init,
+    make_fastapi_ingress,
+)
+from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+from ray.serve.deployment import Application
+from ray.serve.exceptions import BackPressureError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = [
+    "ENDPOINTS",
+    "MAX_BODY_BYTES",
+    "ROLES_ALLOWED",
+    "Limits",
+    "RagIngress",
+    "RerankRequest",
+    "build_app",
+    "check_chat",
+    "check_completion",
+    "check_embeddings",
+    "check_score",
+    "limits_for",
+    "openai_error",
+]
+
+ROLES_ALLOWED = ("system", "user", "assistant", "tool")
+# The largest request the engines take is well under this: 256 embedding inputs of
+# 256 tokens, or 64 rerank documents of 2048 tokens, are 0.5 MiB of text.
+MAX_BODY_BYTES = 4 << 20
+_JSON_TYPES = ("application/json", "text/json")
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+# --------------------------------------------------------------------------- limits
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of one engine, derived from the engine's batch.
+
+    A chat request may take a quarter of the chat engine's batch (`n` x prompts),
+    so no single caller holds the engine; an embeddings call up to four batches of
+    inputs (a pooling engine clears a batch in one step); a score or rerank call up
+    to two batches of pairs.
+    """
+
+    batch: int  # the engine's max_num_seqs
+    max_sequences: int  # chat / completions: n x prompts
+    max_inputs: int  # embeddings: inputs per call
+    max_pairs: int  # score / rerank: query-document pairs per call
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def limits_for(engine_kwargs: Mapping[str, Any]) -> Limits:
+    """The request limits for an engine with these engine_kwargs."""
+    batch = int(engine_kwargs.get("max_num_seqs") or 32)
+    return Limits(batch=batch, max_sequences=max(1, batch // 4), max_inputs=4 * batch, max_pairs=2 * batch)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request refused at the boundary: what is wrong, which field, and its status."""
+
+    message: str
+    param: str | None = None
+    status: int = 400
+
+
+def _role_of(message: Any) -> Any:
+    if isinstance(message, Mapping):
+        return message.get("role")
+    return getattr(message, "role", None)
+
+
+def _check_roles(messages: Any) -> Refusal | None:
+    for i, message in enumerate(messages or ()):
+        role = _role_of(message)
+        if role not in ROLES_ALLOWED:
+            return Refusal(
+                f"messages[{i}].role is {role!r}; allowed roles are {', '.join(ROLES_ALLOWED)}",
+                f"messages[{i}].role",
+            )
+    return None
+
+
+def check_chat(body: ChatCompletionRequest, limits: Limits) -> Refusal | None:
+    """Roles and sequences of one chat completion request."""
+    if refusal := _check_roles(body.messages):
+        return refusal
+    n = body.n or 1
+    if n > limits.max_sequences:
+        return Refusal(
+            f"n={n} asks for more sequences than one request may take from this engine "
+            f"(at most {limits.max_sequences}: a quarter of its batch of {limits.batch}); "
+            "send several requests instead",
+            "n",
+        )
+    return None
+
+
+def check_completion(body: CompletionRequest, limits: Limits) -> Refusal | None:
+    """Prompts x n of one completions request."""
+    prompt = body.prompt
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    sequences = prompts * (body.n or 1)
+    if sequences > limits.max_sequences:
+        return Refusal(
+            f"{prompts} prompt(s) x n={body.n or 1} = {sequences} sequences; one request may take at most "
+            f"{limits.max_sequences} (a quarter of this engine's batch of {limits.batch}); split it",
+            "prompt" if prompts > 1 else "n",
+        )
+    return None
+
+
+def _count(value: Any) -> int:
+    """How many inputs a str / list[str] / list[int] / list[list[int]] field holds."""
+    if isinstance(value, list) and value and not isinstance(value[0], int):
+        return len(value)
+    return 1
+
+
+def check_embeddings(body: Any, limits: Limits) -> Refusal | None:
+    """Inputs (or chat messages' roles) of one embeddings request."""
+    messages = getattr(body, "messages", None)
+    if messages is not None:
+        return _check_roles(messages)
+    inputs = _count(getattr(body, "input", None))
+    if inputs > limits.max_inputs:
+        return Refusal(
+            f"{inputs} inputs in one embeddings call; this engine takes at most {limits.max_inputs} "
+            f"per call (4 batches of {limits.batch}); send them in several calls",
+            "input",
+        )
+    return None
+
+
+def check_score(body: Any, limits: Limits, field: str = "text_2") -> Refusal | None:
+    """Query-document pairs of one score (or rerank) request."""
+    first = getattr(body, "text_1", None)
+    second = getattr(body, "text_2", None)
+    pairs = max(_count(first), _count(second))
+    if pairs > limits.max_pairs:
+        return Refusal(
+            f"{pairs} documents in one call; this engine scores at most {limits.max_pairs} per call "
+            f"(2 batches of {limits.batch}); send them in several calls",
+            field,
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- rerank
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """The Cohere / Jina / vLLM rerank request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    query: str
+    documents: list[str | RerankDocument] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = True
+    max_chunks_per_doc: int | None = None  # sent by Cohere's v1 client; nothing is chunked here
+    rank_fields: list[str] | None = None  # refused when set: documents are text
+
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+def _rerank_results(request: RerankRequest, scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    texts = request.texts()
+    ranked = sorted(scores, key=lambda d: -float(d["score"]))
+    if request.top_n is not None:
+        ranked = ranked[: request.top_n]
+    results = []
+    for d in ranked:
+        item: dict[str, Any] = {"index": int(d["index"]), "relevance_score": float(d["score"])}
+        if request.return_documents:
+            item["document"] = {"text": texts[int(d["index"])]}
+        results.append(item)
+    return results
+
+
+# --------------------------------------------------------------------------- errors
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    type_: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """An error response in the OpenAI shape, which every OpenAI-compatible client unpacks."""
+    body = {
+        "error": {
+            "message": message,
+            "type": type_
+            or _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
+            "param": param,
+            "code": status,
+        }
+    }
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def _refuse(refusal: Refusal) -> JSONResponse:
+    return openai_error(refusal.status, refusal.message, param=refusal.param)
+
+
+def _where(loc: Any) -> str:
+    parts = [str(p) for p in loc if p != "body"] if isinstance(loc, list | tuple) else [str(loc)]
+    return ".".join(parts) or "body"
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    # Ray's own handler puts the offending input in `param`, which fails to serialize
+    # (a 500) when the input is bytes, as it is for a body that is not JSON.
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    if not errors:
+        return openai_error(400, "invalid request body")
+    first = errors[0]
+    where = _where(first.get("loc", ()))
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return openai_error(400, f"{where}: {first.get('msg', 'invalid value')}{more}", param=where)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", None) or str(exc)
+    headers = getattr(exc, "headers", None)
+    return openai_error(status, str(detail), headers=headers)
+
+
+async def _openai_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, OpenAIHTTPException)
+    type_ = exc.type if exc.type and exc.type != "Unknown" else None
+    return openai_error(exc.status_code, exc.message, type_=type_)
+
+
+async def _busy(request: Request, exc: Exception) -> Response:
+    return _backpressure(exc)
+
+
+def _backpressure(exc: Exception) -> JSONResponse:
+    retry_after = getattr(exc, "retry_after_s", None)
+    status = int(getattr(exc, "status_code", 429) or 429)
+    headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
+    wait = f"retry after {headers['Retry-After']} s" if headers else "retry shortly"
+    return openai_error(
+        status,
+        f"the engine is busy: its queue is full ({getattr(exc, 'message', exc)}); {wait}",
+        headers=headers,
+    )
+
+
+class Boundary:
+    """ASGI middleware: refuse bodies that are too large or not JSON before they are read.
+
+    Only on the routes `routes` serves by POST; any other path gets FastAPI's 404.
+    """
+
+    def __init__(self, app: ASGIApp, routes: FastAPI, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.routes = routes
+        self.max_body_bytes = max_body_bytes
+        self._posted: set[str] | None = None
+
+    def _posts(self, path: str) -> bool:
+        if self._posted is None:  # routes are added after the middleware, so look on first use
+            self._posted = {
+                getattr(r, "path", "") for r in self.routes.routes if "POST" in getattr(r, "methods", ())
+            }
+        return path in self._posted
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST" and self._posts(scope.get("path", "")):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+            length = headers.get("content-length", "")
+            refusal = None
+            if length.isdigit() and int(length) > self.max_body_bytes:
+                refusal = openai_error(
+                    413,
+                    f"request body is {int(length)} bytes; the limit is {self.max_body_bytes} "
+                    "(split the inputs over several requests)",
+                )
+            elif ctype not in _JSON_TYPES:
+                refusal = openai_error(
+                    415,
+                    f"Content-Type {ctype or '(none)'!r} is not JSON; send the body as JSON with "
+                    "`Content-Type: application/json` (curl: -H 'Content-Type: application/json')",
+                )
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# --------------------------------------------------------------------------- ingress
+class RagIngress(OpenAiIngress):
+    """Ray's OpenAI ingress with request checks, 429s on a full queue, and /v1/rerank."""
+
+    def __init__(
+        self,
+        llm_deployments: Any,
+        model_cards: Any,
+        *,
+        lora_paths: dict[str, str] | None = None,
+        limits: dict[str, dict[str, int]] | None = None,
+    ) -> None:
+        super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
+        self._limits = {model: Limits(**v) for model, v in (limits or {}).items()}
+
+    def _check(self, model: str | None, check: Callable[[Limits], Refusal | None]) -> Response | None:
+        limits = self._limits.get(model or "")
+        if limits is None:  # unknown or missing model: Ray's own lookup answers 400/404
+            return None
+        refusal = check(limits)
+        return _refuse(refusal) if refusal is not None else None
+
+    @staticmethod
+    async def _unless_busy(call: Awaitable[Response]) -> Response:
+        try:
+            return await call
+        except BackPressureError as exc:
+            return _backpressure(exc)
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        refused = self._check(body.model, lambda lim: check_chat(body, lim))
+        return refused or await self._unless_busy(super().chat(body, request))
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        refused = self._check(body.model, lambda lim: check_completion(body, lim))
+        return refused or await self._unless_busy(super().completions(body, request))
+
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
+        refused = self._check(body.model, lambda lim: check_embeddings(body, lim))
+        return refused or await self._unless_busy(super().embeddings(body, request))
+
+    async def score(self, body: ScoreRequest, request: Request) -> Response:
+        refused = self._check(body.model, lambda lim: check_score(body, lim))
+        return refused or await self._unless_busy(super().score(body, request))
+
+    async def tokenize(self, body: TokenizeCompletionRequest, request: Request) -> Response:
+        return await self._unless_busy(super().tokenize(body, request))
+
+    async def detokenize(self, body: DetokenizeRequest, request: Request) -> Response:
+        return await self._unless_busy(super().detokenize(body, request))
+
+    async def rerank(self, body: RerankRequest, request: Request) -> Response:
+        """Cohere / Jina / vLLM rerank, through the score engine's /v1/score."""
+        if body.rank_fields:
+            return openai_error(
+                400, "rank_fields is not supported: send documents as strings or {text}", param="rank_fields"
+            )
+        documents: list[Any] = body.texts()
+        score = ScoreRequest(model=body.model, text_1=body.query, text_2=documents)
+        refused = self._check(body.model, lambda lim: check_score(score, lim, field="documents"))
+        if refused:
+            return refused
+        response = await self._unless_busy(super().score(score, request))
+        if response.status_code != 200 or not isinstance(response, JSONResponse):
+            return response
+        scored = json.loads(bytes(response.body))
+        return JSONResponse(
+            {
+                "id": f"rerank-{uuid.uuid4().hex}",
+                "model": scored.get("model", body.model),
+                "results": _rerank_results(body, scored.get("data", [])),
+                "usage": scored.get("usage"),
+            }
+        )
+
+    async def rerank_v2(self, body: RerankRequest, request: Request) -> Response:
+        return await self.rerank(body, request)
+
+
+# Every route Ray serves for text models, plus ours. Transcriptions are left out:
+# no engine here takes audio, so the route would only ever fail.
+ENDPOINTS: dict[str, Callable[[FastAPI], Callable[..., Any]]] = {
+    **{name: route for name, route in DEFAULT_ENDPOINTS.items() if name != "transcriptions"},
+    "rerank": lambda app: app.post("/v1/rerank"),
+    "rerank_v2": lambda app: app.post("/v2/rerank"),
+}
+
+
+def _app() -> FastAPI:
+    app = init()  # Ray's FastAPI app: its middleware (request ids, metrics, errors)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OpenAIHTTPException, _openai_http_error)
+    app.add_exception_handler(BackPressureError, _busy)
+    app.add_middleware(Boundary, routes=app)
+    return app
+
+
+def build_app(configs: Mapping[str, LLMConfig], facts: Mapping[str, Mapping[str, str]]) -> Application:
+    """The Serve application: one deployment per config behind a RagIngress.
+
+    `facts[role]` goes into that model's /v1/models metadata["rag"], with its limits.
+    """
+    llm_configs = list(configs.values())
+    role_of = {c.model_id: role for role, c in configs.items()}
+    limits = {c.model_id: limits_for(c.engine_kwargs or {}) for c in llm_configs}
+    cards = {
+        c.model_id: to_model_metadata(
+            c.model_id,
+            c,
+            overrides={
+                "rag": {
+                    "role": role_of[c.model_id],
+                    **facts.get(role_of[c.model_id], {}),
+                    "limits": limits[c.model_id].as_dict(),
+                }
+            },
+        )
+        for c in llm_configs
+    }
+    ingress_cls = make_fastapi_ingress(RagIngress, endpoint_map=ENDPOINTS, app=_app())
+    options = RagIngress.get_deployment_options(llm_configs)
+    deployment: Any = serve.deployment(ingress_cls, **options)
+    app: Application = deployment.bind(
+        llm_deployments={c.model_id: build_llm_deployment(c) for c in llm_configs},
+        model_cards=cards,
+        lora_paths={},
+        limits={m: lim.as_dict() for m, lim in limits.items()},
+    )
+    return app

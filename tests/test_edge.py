@@ -1,0 +1,304 @@
+"""The serving edge on the real stack: rerank clients, tool calls, the strict boundary,
+back-pressure, metrics, and the facts the client reads from the server."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+import time
+from typing import Any
+
+import cohere
+import httpx
+import pytest
+from openai import BadRequestError, OpenAI
+
+from rag.client import StackClient
+from rag.settings import Settings
+from rag.stack.ingress import ROLES_ALLOWED
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.stack
+
+QUERY = "Which setting controls how much GPU memory an engine takes?"
+PASSAGES = [
+    "Bananas are a good source of potassium and are often eaten at breakfast.",
+    "Each engine's gpu_memory_utilization sets the share of the card it claims at boot.",
+    "The Eiffel Tower was completed in 1889.",
+]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def oai(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url, api_key="EMPTY", timeout=300, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(stack: Stack) -> httpx.Client:
+    return httpx.Client(base_url=stack.base_url, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def root(stack: Stack) -> str:
+    return stack.base_url.removesuffix("/v1")
+
+
+def settings_for(stack: Stack) -> Settings:
+    return dataclasses.replace(Settings.from_env(), base_url=stack.base_url)
+
+
+def openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
+    """The body of a refusal, checked to be in the OpenAI error shape."""
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    error: dict[str, Any] = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["code"] == status and error["message"]
+    return error
+
+
+# ------------------------------------------------------------------------- rerank
+def test_rerank_over_http_is_best_first_and_honours_top_n(http: httpx.Client) -> None:
+    r = http.post("/rerank", json={"model": "score", "query": QUERY, "documents": PASSAGES, "top_n": 2})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == 2
+    assert results[0]["index"] == 1 and results[0]["document"] == {"text": PASSAGES[1]}
+    assert results[0]["relevance_score"] >= results[1]["relevance_score"]
+    bare = http.post(
+        "/rerank", json={"model": "score", "query": QUERY, "documents": PASSAGES, "return_documents": False}
+    ).json()["results"]
+    assert len(bare) == 3 and all("document" not in x for x in bare)
+    # The same scores /v1/score gives, only sorted: rerank adds no second model.
+    scores = http.post("/score", json={"model": "score", "text_1": QUERY, "text_2": PASSAGES}).json()["data"]
+    by_index = {d["index"]: d["score"] for d in scores}
+    assert all(x["relevance_score"] == pytest.approx(by_index[x["index"]], abs=1e-4) for x in bare)
+
+
+def test_cohere_sdk_reranks_against_the_stack(root: str) -> None:
+    v2 = cohere.ClientV2(api_key="EMPTY", base_url=root, timeout=300)
+    ranked = v2.rerank(model="score", query=QUERY, documents=PASSAGES, top_n=2)
+    assert [r.index for r in ranked.results][:1] == [1] and len(ranked.results) == 2
+    v1 = cohere.Client(api_key="EMPTY", base_url=root, timeout=300)
+    ranked_v1 = v1.rerank(model="score", query=QUERY, documents=PASSAGES, return_documents=True)
+    assert ranked_v1.results[0].index == 1
+    assert ranked_v1.results[0].document is not None and "gpu_memory" in ranked_v1.results[0].document.text
+
+
+def test_rerank_refuses_what_it_cannot_do(http: httpx.Client) -> None:
+    assert (
+        "documents"
+        in openai_error(http.post("/rerank", json={"model": "score", "query": "q"}), 400)["message"]
+    )
+    fields = {"model": "score", "query": "q", "documents": ["a"], "rank_fields": ["title"]}
+    assert openai_error(http.post("/rerank", json=fields), 400)["param"] == "rank_fields"
+    too_many = {"model": "score", "query": "q", "documents": ["d"] * 1000}
+    assert openai_error(http.post("/rerank", json=too_many), 400)["param"] == "documents"
+
+
+# ------------------------------------------------------------------------- boundary
+def test_a_fourth_role_is_refused_naming_the_allowed_ones(http: httpx.Client, oai: OpenAI) -> None:
+    body = {"model": "chat", "messages": [{"role": "wizard", "content": "abracadabra"}]}
+    error = openai_error(http.post("/chat/completions", json=body), 400)
+    assert error["param"] == "messages[0].role" and all(role in error["message"] for role in ROLES_ALLOWED)
+    with pytest.raises(BadRequestError, match="allowed roles"):  # what an OpenAI client user sees
+        oai.chat.completions.create(model="chat", messages=[{"role": "wizard", "content": "hi"}])  # type: ignore[misc, list-item]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/chat/completions",
+            {"model": "chat", "n": 1000, "messages": [{"role": "user", "content": "hi"}]},
+            "n",
+        ),
+        ("/completions", {"model": "chat", "prompt": ["a"] * 100, "max_tokens": 1}, "prompt"),
+        ("/embeddings", {"model": "embed", "input": ["x"] * 20_000}, "input"),
+        ("/score", {"model": "score", "text_1": "q", "text_2": ["d"] * 1000}, "text_2"),
+    ],
+    ids=["n=1000", "100-prompts", "20000-inputs", "1000-pairs"],
+)
+def test_a_request_that_would_hold_an_engine_for_minutes_is_refused_at_once(
+    http: httpx.Client, path: str, body: dict[str, Any], param: str
+) -> None:
+    start = time.monotonic()
+    error = openai_error(http.post(path, json=body), 400)
+    assert error["param"] == param and "at most" in error["message"]
+    assert time.monotonic() - start < 30  # never queued behind an engine (a generous bound on a busy CPU)
+
+
+@pytest.mark.parametrize(
+    ("content", "ctype", "status"),
+    [
+        (b'{"model": "chat", "messages": []}', "text/plain", 415),
+        (b"model=chat", "application/x-www-form-urlencoded", 415),
+        (b"{not json", "application/json", 400),
+        (b'{"model": "chat", "messages": "not a list"}', "application/json", 400),
+        (b'{"model": "chat", "messages": [{"content": "no role"}]}', "application/json", 400),
+        (b'{"model": "chat", "messages": []}' + b" " * (5 << 20), "application/json", 413),
+    ],
+    ids=["text-plain", "form", "not-json", "messages-not-a-list", "message-without-role", "6-MiB"],
+)
+def test_malformed_requests_get_a_4xx_in_the_openai_shape(
+    http: httpx.Client, content: bytes, ctype: str, status: int
+) -> None:
+    openai_error(http.post("/chat/completions", content=content, headers={"content-type": ctype}), status)
+
+
+def test_unknown_model_is_a_404_in_the_openai_shape(http: httpx.Client) -> None:
+    body = {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}
+    assert "gpt-9" in openai_error(http.post("/chat/completions", json=body), 404)["message"]
+
+
+def test_every_listed_route_works(http: httpx.Client, root: str) -> None:
+    paths = set(httpx.get(f"{root}/openapi.json", timeout=30).json()["paths"])
+    assert paths == {
+        "/v1/models", "/v1/models/{model}", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+        "/v1/score", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
+    }  # fmt: skip
+    tokens = httpx.post(f"{root}/tokenize", json={"model": "chat", "prompt": "Hello world"}, timeout=60)
+    assert tokens.status_code == 200, tokens.text
+    ids = tokens.json()["tokens"]
+    assert tokens.json()["count"] == len(ids) >= 2
+    text = httpx.post(f"{root}/detokenize", json={"model": "chat", "tokens": ids}, timeout=60)
+    assert text.status_code == 200 and text.json()["prompt"] == "Hello world", text.text
+    assert http.get("/models/chat").json()["id"] == "chat"
+    done = http.post(
+        "/completions", json={"model": "chat", "prompt": "The capital of France is", "max_tokens": 3}
+    )
+    assert done.status_code == 200 and done.json()["choices"][0]["text"]
+    # The rest (chat, embeddings, score, rerank) are exercised above and in test_stack.py.
+    assert httpx.post(f"{root}/v1/audio/transcriptions", timeout=30).status_code == 404  # not listed
+
+
+# ------------------------------------------------------------------------- tool calls
+def test_a_prompt_that_needs_a_tool_gets_a_parsed_tool_call(oai: OpenAI) -> None:
+    reply = oai.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "What is the weather in Paris right now?"}],
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="auto",
+        max_tokens=64,
+        temperature=0,
+    )
+    calls = reply.choices[0].message.tool_calls or []
+    assert reply.choices[0].finish_reason == "tool_calls", reply
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(calls[0].function.arguments)["city"].lower() == "paris"  # type: ignore[union-attr]
+
+
+def test_a_prompt_that_needs_no_tool_gets_plain_text(oai: OpenAI) -> None:
+    reply = oai.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "Explain in one sentence what a CPU is."}],
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="auto",
+        max_tokens=48,
+        temperature=0,
+    )
+    message = reply.choices[0].message
+    assert not message.tool_calls and message.content and "cpu" in message.content.lower()
+
+
+# ------------------------------------------------------------------------- back-pressure
+def test_a_full_queue_answers_429_with_retry_after_and_the_client_waits_it_out(
+    stack: Stack, http: httpx.Client
+) -> None:
+    """Three times what chat takes (a batch running plus a batch queued) at once: the
+    surplus is refused with 429 + Retry-After, nothing fails otherwise, and the rag
+    client, arriving while the queue is full, waits and gets its answer."""
+    limits = next(m for m in http.get("/models").json()["data"] if m["id"] == "chat")["metadata"]["rag"][
+        "limits"
+    ]
+    n = 3 * limits["batch"]
+    refused_seen = threading.Event()
+
+    async def burst() -> list[tuple[int, dict[str, str], str]]:
+        pool = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=600, limits=pool) as client:
+
+            async def one(i: int) -> tuple[int, dict[str, str], str]:
+                body = {
+                    "model": "chat",
+                    "messages": [{"role": "user", "content": f"Count to ten, request {i}."}],
+                    "max_tokens": 24,
+                }
+                r = await client.post("/chat/completions", json=body)
+                if r.status_code == 429:
+                    refused_seen.set()
+                return r.status_code, dict(r.headers), r.text
+
+            return await asyncio.gather(*(one(i) for i in range(n)))
+
+    box: list[list[tuple[int, dict[str, str], str]]] = []
+    flood = threading.Thread(target=lambda: box.append(asyncio.run(burst())))
+    flood.start()
+    assert refused_seen.wait(300), "no request was refused: is the queue bounded?"
+    waits: list[str] = []
+    with StackClient(settings_for(stack), on_wait=waits.append) as client:
+        answer = client.chat([{"role": "user", "content": "Say ok."}], max_tokens=4)
+    flood.join(600)
+    assert not flood.is_alive() and box, "the burst hung"
+    results = box[0]
+    codes = [code for code, _, _ in results]
+    assert set(codes) <= {200, 429}, sorted(set(codes))
+    assert codes.count(200) >= limits["batch"]  # a full batch is always served
+    refusals = [(headers, text) for code, headers, text in results if code == 429]
+    assert refusals
+    for headers, text in refusals:
+        assert int(headers["retry-after"]) > 0
+        assert json.loads(text)["error"]["type"] == "rate_limit_error"
+    assert answer.strip()
+    assert waits and all("429" in w for w in waits), waits
+
+
+# ------------------------------------------------------------------------- metrics
+WATCHED = (
+    "ray_vllm_num_requests_running",
+    "ray_vllm_num_requests_waiting",
+    "ray_vllm_kv_cache_usage_perc",
+    "ray_vllm_time_to_first_token_seconds_bucket",
+    "ray_serve_num_http_requests_total",
+    "ray_serve_http_request_latency_ms_bucket",
+)
+
+
+def test_metrics_port_serves_engine_and_serve_metrics_during_a_request(stack: Stack, oai: OpenAI) -> None:
+    if stack.metrics_url is None:
+        pytest.skip("set RAG_TEST_METRICS_URL to scrape a stack this session did not start")
+    answer = threading.Thread(
+        target=lambda: oai.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "Count to twenty."}], max_tokens=64
+        )
+    )
+    answer.start()
+    found: set[str] = set()
+    deadline = time.monotonic() + 90  # Ray's agents report every few seconds
+    while time.monotonic() < deadline and len(found) < len(WATCHED):
+        text = httpx.get(stack.metrics_url, timeout=30).text
+        for line in text.splitlines():
+            name = line.split("{", 1)[0]
+            if name in WATCHED and ('model_name="chat"' in line or name.startswith("ray_serve")):
+                found.add(name)
+        time.sleep(2)
+    answer.join(300)
+    assert found == set(WATCHED), f"missing: {set(WATCHED) - found}"
+
+
+# ------------------------------------------------------------------------- facts
+def test_the_server_says_which_guard_and_reranker_it_has(stack: Stack) -> None:
+    with StackClient(settings_for(stack)) as client:
+        facts = client.facts()
+    assert facts["guard"]["guard_format"] == "score"  # the CPU profile's classifier on /v1/score
+    assert facts["score"]["reranker"] == "yes-no-llm"
+    assert facts["chat"]["limits"]["batch"] > 0

@@ -1,0 +1,180 @@
+"""The edge's own logic without a stack: limits, request checks, rerank ordering, error shapes.
+
+The same checks run against the real stack in tests/test_edge.py; these pin the
+rules themselves (a limit derived from the wrong batch, a role let through).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi import HTTPException, Request
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingCompletionRequest,
+    OpenAIHTTPException,
+    ScoreRequest,
+)
+from ray.serve.exceptions import BackPressureError
+from starlette.testclient import TestClient
+
+from rag.stack import ingress
+from rag.stack.ingress import (
+    ROLES_ALLOWED,
+    RerankRequest,
+    check_chat,
+    check_completion,
+    check_embeddings,
+    check_score,
+    limits_for,
+)
+
+CPU_CHAT = limits_for({"max_num_seqs": 64})
+CPU_SCORE = limits_for({"max_num_seqs": 32})
+
+
+def chat(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="chat", **{"messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def test_limits_follow_the_engine_batch() -> None:
+    assert (CPU_CHAT.max_sequences, CPU_CHAT.max_inputs, CPU_CHAT.max_pairs) == (16, 256, 128)
+    assert (CPU_SCORE.max_sequences, CPU_SCORE.max_pairs) == (8, 64)
+    assert limits_for({"max_num_seqs": 2}).max_sequences == 1  # never zero
+
+
+@pytest.mark.parametrize("role", ["wizard", "developer", "function", ""])
+def test_roles_outside_the_four_are_refused_naming_the_allowed_ones(role: str) -> None:
+    body = chat(messages=[{"role": "user", "content": "hi"}, {"role": role, "content": "abracadabra"}])
+    refusal = check_chat(body, CPU_CHAT)
+    assert refusal is not None and refusal.status == 400
+    assert refusal.param == "messages[1].role"
+    assert all(r in refusal.message for r in ROLES_ALLOWED)
+
+
+def test_the_four_roles_and_tool_results_pass() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+    ]
+    assert check_chat(chat(messages=messages), CPU_CHAT) is None
+
+
+def test_too_many_sequences_are_refused() -> None:
+    assert check_chat(chat(n=16), CPU_CHAT) is None
+    refusal = check_chat(chat(n=1000), CPU_CHAT)
+    assert refusal is not None and refusal.param == "n" and "16" in refusal.message
+    prompts = CompletionRequest(model="chat", prompt=["a"] * 10, n=2)
+    refusal = check_completion(prompts, CPU_CHAT)
+    assert refusal is not None and "20 sequences" in refusal.message
+    assert check_completion(CompletionRequest(model="chat", prompt=[1, 2, 3], n=4), CPU_CHAT) is None
+
+
+def test_embedding_and_score_batches_are_bounded() -> None:
+    ok = EmbeddingCompletionRequest(model="embed", input=["x"] * 256)
+    assert check_embeddings(ok, CPU_CHAT) is None
+    refusal = check_embeddings(EmbeddingCompletionRequest(model="embed", input=["x"] * 20_000), CPU_CHAT)
+    assert refusal is not None and refusal.param == "input" and "20000" in refusal.message
+    assert check_embeddings(EmbeddingCompletionRequest(model="embed", input="one text"), CPU_CHAT) is None
+    assert check_score(ScoreRequest(model="score", text_1="q", text_2=["d"] * 64), CPU_SCORE) is None
+    refusal = check_score(ScoreRequest(model="score", text_1="q", text_2=["d"] * 65), CPU_SCORE)
+    assert refusal is not None and "65 documents" in refusal.message
+
+
+def test_rerank_results_are_best_first_with_top_n_and_documents() -> None:
+    request = RerankRequest(query="q", documents=["a", {"text": "b"}, "c"], top_n=2)
+    scores = [{"index": 0, "score": 0.1}, {"index": 1, "score": 0.9}, {"index": 2, "score": 0.5}]
+    results = ingress._rerank_results(request, scores)
+    assert [r["index"] for r in results] == [1, 2]
+    assert results[0] == {"index": 1, "relevance_score": 0.9, "document": {"text": "b"}}
+    bare = ingress._rerank_results(
+        RerankRequest(query="q", documents=["a"], return_documents=False), scores[:1]
+    )
+    assert bare == [{"index": 0, "relevance_score": 0.1}]
+
+
+# ----------------------------------------------------------------- the app's error shapes
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    app = ingress._app()
+
+    @app.post("/v1/chat/completions")
+    async def chat_route(body: ChatCompletionRequest, request: Request) -> Any:
+        refusal = check_chat(body, CPU_CHAT)
+        if refusal is not None:
+            return ingress._refuse(refusal)
+        if body.model == "gpt-9":
+            raise HTTPException(404, 'Could not find model with id "gpt-9".')
+        if body.model == "busy":
+            raise BackPressureError(
+                num_queued_requests=64, max_queued_requests=64, status_code=429, retry_after_s=5
+            )
+        if body.model == "long":
+            raise OpenAIHTTPException(
+                400, "This model's maximum context length is 4096 tokens", "BadRequestError"
+            )
+        return {"ok": True}
+
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def error_of(r: Any, status: int) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    error: dict[str, Any] = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+    return error
+
+
+def test_text_plain_gets_415_not_500(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", content=b"hello", headers={"content-type": "text/plain"})
+    assert "application/json" in error_of(r, 415)["message"]
+
+
+def test_body_that_is_not_json_gets_400(client: TestClient) -> None:
+    r = client.post(
+        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    error_of(r, 400)
+
+
+def test_wrong_field_type_names_the_field(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={"model": "chat", "messages": "not a list"})
+    assert error_of(r, 400)["param"].startswith("messages")
+
+
+def test_oversized_body_gets_413_before_it_is_read(client: TestClient) -> None:
+    big = b'{"model": "chat", "messages": []}' + b" " * ingress.MAX_BODY_BYTES
+    r = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+    assert "limit" in error_of(r, 413)["message"]
+
+
+def test_refused_role_unknown_model_and_engine_errors_share_the_openai_shape(client: TestClient) -> None:
+    wizard = {"model": "chat", "messages": [{"role": "wizard", "content": "hi"}]}
+    assert "allowed roles" in error_of(client.post("/v1/chat/completions", json=wizard), 400)["message"]
+    unknown = {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}
+    assert "gpt-9" in error_of(client.post("/v1/chat/completions", json=unknown), 404)["message"]
+    long = {"model": "long", "messages": [{"role": "user", "content": "hi"}]}
+    error = error_of(client.post("/v1/chat/completions", json=long), 400)
+    assert error["message"].startswith("This model's maximum context length")
+
+
+def test_an_unknown_path_is_a_404_whatever_its_content_type(client: TestClient) -> None:
+    r = client.post("/v1/audio/transcriptions", content=b"RIFF", headers={"content-type": "audio/wav"})
+    error_of(r, 404)
+
+
+def test_backpressure_is_a_429_with_retry_after(client: TestClient) -> None:
+    busy = {"model": "busy", "messages": [{"role": "user", "content": "hi"}]}
+    r = client.post("/v1/chat/completions", json=busy)
+    assert error_of(r, 429)["type"] == "rate_limit_error"
+    assert r.headers["retry-after"] == "5"

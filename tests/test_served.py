@@ -1,0 +1,72 @@
+"""The client takes the guard format and rerank mode from the server it talks to."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import httpx
+import pytest
+
+from rag.client import StackClient
+from rag.errors import ConfigError
+from rag.served import resolve
+from rag.settings import Settings
+
+
+def server(facts: dict[str, dict[str, str]], seen: list[str] | None = None) -> httpx.MockTransport:
+    """A /v1/models that describes each model as our ingress does (metadata.rag)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append(request.url.path)
+        data = [{"id": m, "object": "model", "metadata": {"rag": f}} for m, f in facts.items()]
+        return httpx.Response(200, content=json.dumps({"object": "list", "data": data}))
+
+    return httpx.MockTransport(handle)
+
+
+GPU = {"guard": {"guard_format": "qwen3guard"}, "score": {"reranker": "cross-encoder"}}
+CPU = {"guard": {"guard_format": "score"}, "score": {"reranker": "yes-no-llm"}}
+
+
+@pytest.fixture
+def unset(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for var in ("RAG_GUARD_FORMAT", "RAG_RERANK_MODE", "RAG_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    return Settings.from_env()
+
+
+def test_a_gpu_stack_is_read_as_one_from_a_machine_without_a_gpu(unset: Settings) -> None:
+    assert unset.guard_format == "" and unset.rerank_mode == ""  # nothing guessed from local hardware
+    with StackClient(unset, transport=server(GPU)) as client:
+        s = resolve(unset, client)
+    assert (s.guard_format, s.rerank_mode) == ("qwen3guard", "order")
+
+
+def test_a_cpu_stack_gets_the_classifier_guard_and_the_rerank_floor(unset: Settings) -> None:
+    with StackClient(unset, transport=server(CPU)) as client:
+        s = resolve(unset, client)
+    assert (s.guard_format, s.rerank_mode) == ("score", "floor")
+
+
+def test_env_vars_still_override_without_asking(unset: Settings) -> None:
+    seen: list[str] = []
+    chosen = dataclasses.replace(unset, guard_format="score", rerank_mode="blend")
+    with StackClient(chosen, transport=server(GPU, seen)) as client:
+        assert resolve(chosen, client) == chosen
+    assert seen == []
+
+
+def test_a_server_that_does_not_say_gets_an_error_naming_the_setting(unset: Settings) -> None:
+    with (
+        StackClient(unset, transport=server({"guard": {}, "score": {}})) as client,
+        pytest.raises(ConfigError, match="RAG_GUARD_FORMAT"),
+    ):
+        resolve(unset, client)
+    half = dataclasses.replace(unset, guard_format="score")
+    with (
+        StackClient(half, transport=server({"score": {"reranker": "something-new"}})) as client,
+        pytest.raises(ConfigError, match="RAG_RERANK_MODE"),
+    ):
+        resolve(half, client)
