@@ -129,12 +129,27 @@ def test_serve_on_a_taken_port_says_so(runner: CliRunner, fake_models: Path) -> 
     assert f"port {port} on 127.0.0.1 is taken" in line and "--port" in line
 
 
+def test_serve_on_a_taken_metrics_port_says_which_option_moves_it(
+    runner: CliRunner, fake_models: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        args = ["serve", "--profile", "cpu", "--port", str(free_port()), "--metrics-port", str(taken)]
+        result = runner.invoke(main, args)
+    assert result.exit_code == 1
+    line = one_line_error(result.output)
+    assert f"port {taken} on 127.0.0.1 is taken" in line and "--metrics-port" in line
+
+
 @pytest.mark.stack
 def test_serve_names_the_engine_that_failed_to_load(fake_models: Path, tmp_path: Path) -> None:
     """A real boot whose weights are missing: one line naming the engine, exit 1, nothing left."""
     env = {**os.environ, "RAG_BOOT_TIMEOUT_S": "400"}
+    cmd = ["serve", "--profile", "cpu", "--port", str(free_port()), "--metrics-port", "0"]
     proc = subprocess.run(
-        [sys.executable, "-m", "rag.cli", "serve", "--profile", "cpu", "--port", str(free_port())],
+        [sys.executable, "-m", "rag.cli", *cmd],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]

@@ -74,3 +74,26 @@ def test_importing_the_serve_module_starts_nothing(monkeypatch: pytest.MonkeyPat
 
     _serve_module(monkeypatch, RAG_PROFILE="gpu")
     assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_every_engine_has_a_bounded_queue_sized_from_its_batch_and_chat_has_tools(
+    monkeypatch: pytest.MonkeyPatch, profile: str
+) -> None:
+    module = _serve_module(monkeypatch, RAG_PROFILE=profile)
+    for role, cfg in module.CONFIGS.items():
+        batch = cfg.engine_kwargs["max_num_seqs"]
+        deployment = cfg.deployment_config
+        assert deployment["max_ongoing_requests"] == batch, role
+        assert deployment["max_queued_requests"] == batch, role
+        assert deployment["backpressure_config"]["status_code"] == 429, role
+        assert deployment["backpressure_config"]["retry_after_s"] > 0, role
+        # /tokenize works through our engine class in both profiles (rag/stack/engine_hooks.py).
+        assert cfg.runtime_env["env_vars"]["RAYLLM_VLLM_ENGINE_CLS"].startswith("rag.stack.engine_hooks."), (
+            role
+        )
+    chat = module.CONFIGS["chat"].engine_kwargs
+    assert chat["enable_auto_tool_choice"] is True
+    assert chat["tool_call_parser"] == {"cpu": "hermes_json", "gpu": "hermes"}[profile]
+    facts = module.ROLE_FACTS[profile]
+    assert facts["guard"]["guard_format"] == {"cpu": "score", "gpu": "qwen3guard"}[profile]

@@ -180,7 +180,7 @@ def serve(
     /v1/embeddings, /v1/score, /v1/rerank (Cohere/Jina shape; /v2/rerank too),
     /v1/models, /tokenize, /detokenize. Requests past an engine's limits get a
     400 naming the limit; past its queue, a 429 with Retry-After. Prometheus
-    metrics on --metrics-port (see README, "Metrics").
+    metrics on --metrics-port (README, "The edge").
 
     \b
     CPU profile: bfloat16 where the CPU has AVX512-BF16 or AMX, float32
