@@ -155,6 +155,39 @@ def test_malformed_requests_get_a_4xx_in_the_openai_shape(
     openai_error(http.post("/chat/completions", content=content, headers={"content-type": ctype}), status)
 
 
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/embeddings", {"model": "embed", "input": []}),
+        ("/score", {"model": "score", "text_1": "q", "text_2": []}),
+        ("/score", {"model": "score", "text_1": ["a", "b"], "text_2": ["x", "y", "z"]}),
+        ("/chat/completions", {"model": "chat", "messages": []}),
+        ("/chat/completions", {"model": "chat", "messages": HI, "max_tokens": -1}),
+        ("/chat/completions", {"model": "chat", "messages": HI, "max_tokens": 1_000_000}),
+        ("/chat/completions", {"model": "chat", "messages": HI, "temperature": "hot"}),
+        ("/chat/completions", {"model": "chat", "messages": HI, "tools": [{"type": "function"}]}),
+        ("/chat/completions", {"model": "chat", "messages": HI, "tool_choice": "required"}),
+        ("/chat/completions", {"model": "embed", "messages": HI}),
+        ("/embeddings", {"model": "chat", "input": ["hi"]}),
+        ("/rerank", {"model": "chat", "query": "q", "documents": ["d"]}),
+        ("/completions", {"model": "chat", "prompt": "", "max_tokens": 2}),
+        ("/embeddings", {"model": "embed", "input": ["word " * 5000]}),
+    ],
+    ids=[
+        "no-inputs", "no-documents", "pairs-3-to-2", "no-messages", "max_tokens-negative",
+        "max_tokens-over-window", "temperature-text", "tool-without-function", "tool_choice-without-tools",
+        "chat-on-embed", "embeddings-on-chat", "rerank-on-chat", "empty-prompt", "input-over-window",
+    ],
+)  # fmt: skip
+def test_what_an_engine_would_choke_on_is_a_400_not_a_5xx(
+    http: httpx.Client, path: str, body: dict[str, Any]
+) -> None:
+    openai_error(http.post(path, json=body), 400)
+
+
 def test_unknown_model_is_a_404_in_the_openai_shape(http: httpx.Client) -> None:
     body = {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}
     assert "gpt-9" in openai_error(http.post("/chat/completions", json=body), 404)["message"]
