@@ -6,6 +6,11 @@ A QA file is JSON lines, one question each:
 
 `files` are paths as the index stores them (relative to the indexed root; a
 suffix match is enough); `keywords` are words a correct answer contains.
+
+A question whose request fails (an engine timed out, answered an error) is
+recorded with its error and the run goes on; the measures cover the questions
+that completed. Each question's result is handed to `record` as soon as it is
+known, so a long run that is interrupted keeps what it measured.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.errors import ConfigError
+from rag.errors import ClientError, ConfigError, ServerUnreachable
 from rag.pipeline import MODES, Answer, Pipeline
 from rag.retrieve import Hit
 
@@ -90,6 +95,12 @@ class EvalReport:
     not_covered: int = 0
     guard_blocks: Counter[str] = field(default_factory=Counter)
     per_question: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)  # question, stage, error
+
+    @property
+    def completed(self) -> int:
+        """Questions whose retrieval was measured."""
+        return self.questions - sum(1 for f in self.failed if f["stage"] == "retrieval")
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -114,6 +125,7 @@ class EvalReport:
                 "not_covered": self.not_covered,
                 "guard_blocks": dict(self.guard_blocks),
             },
+            "failed": self.failed,
             "per_question": self.per_question,
         }
 
@@ -125,37 +137,54 @@ def run_eval(
     k: int = 5,
     answers: bool = True,
     progress: Callable[[int, int], None] = lambda done, total: None,
+    record: Callable[[dict[str, Any]], None] = lambda row: None,
 ) -> EvalReport:
-    """Rank every question each way, rerank the default mode, and (optionally) answer."""
+    """Rank every question each way, rerank the default mode, and (optionally) answer.
+
+    A failed request is recorded in the question's row (`error`, and in
+    `report.failed`) and the run goes on; a server that stops answering altogether
+    (ServerUnreachable) ends it, after every row so far went to `record`.
+    """
     stats = {mode: RankStats() for mode in (*MODES, "reranked")}
     keyword_rates: list[float] = []
     cited_total = cited_gold = 0
     report = EvalReport(questions=len(qas), k=k, retrieval=stats)
     for i, qa in enumerate(qas):
-        vec = pipeline.embed_query(qa.question)
         row: dict[str, Any] = {"question": qa.question}
-        for mode in MODES:
-            hits = pipeline.retrieve(qa.question, vec, mode, pipeline.s.top_k)
-            stats[mode].ranks.append(rank := first_gold_rank(hits, qa.files))
-            row[mode] = rank
-        candidates = pipeline.retrieve(qa.question, vec, pipeline.s.retrieval, pipeline.s.top_k)
-        reranked = pipeline.rerank(qa.question, candidates[: pipeline.s.rerank_n])
-        stats["reranked"].ranks.append(rank := first_gold_rank(reranked, qa.files))
-        row["reranked"] = rank
-        if answers:
-            ans: Answer = pipeline.ask(qa.question)
-            if ans.blocked:
-                report.guard_blocks[ans.blocked] += 1
-            if not ans.covered:
-                report.not_covered += 1
-            text = ans.text.lower()
-            if qa.keywords:
-                keyword_rates.append(sum(kw.lower() in text for kw in qa.keywords) / len(qa.keywords))
-            cited_total += len(ans.cited)
-            cited_gold += sum(_gold(s.path, qa.files) for s in ans.cited)
-            report.answers_citing += bool(ans.cited)
-            row.update(answer=ans.text, cited=[s.path for s in ans.cited], blocked=ans.blocked)
+        stage = "retrieval"
+        try:
+            vec = pipeline.embed_query(qa.question)
+            ranks: dict[str, int | None] = {}
+            for mode in MODES:
+                hits = pipeline.retrieve(qa.question, vec, mode, pipeline.s.top_k)
+                ranks[mode] = first_gold_rank(hits, qa.files)
+            candidates = pipeline.retrieve(qa.question, vec, pipeline.s.retrieval, pipeline.s.top_k)
+            reranked = pipeline.rerank(qa.question, candidates[: pipeline.s.rerank_n])
+            ranks["reranked"] = first_gold_rank(reranked, qa.files)
+            for mode, rank in ranks.items():  # all modes or none, so every mode has the same questions
+                stats[mode].ranks.append(rank)
+            row.update(ranks)
+            if answers:
+                stage = "answer"
+                ans: Answer = pipeline.ask(qa.question)
+                if ans.blocked:
+                    report.guard_blocks[ans.blocked] += 1
+                if not ans.covered:
+                    report.not_covered += 1
+                text = ans.text.lower()
+                if qa.keywords:
+                    keyword_rates.append(sum(kw.lower() in text for kw in qa.keywords) / len(qa.keywords))
+                cited_total += len(ans.cited)
+                cited_gold += sum(_gold(s.path, qa.files) for s in ans.cited)
+                report.answers_citing += bool(ans.cited)
+                row.update(answer=ans.text, cited=[s.path for s in ans.cited], blocked=ans.blocked)
+        except ServerUnreachable:
+            raise
+        except ClientError as exc:
+            row.update(error=str(exc), failed_stage=stage)
+            report.failed.append({"question": qa.question, "stage": stage, "error": str(exc)})
         report.per_question.append(row)
+        record(row)
         progress(i + 1, len(qas))
     if answers:
         report.keyword_hit_rate = sum(keyword_rates) / max(len(keyword_rates), 1)

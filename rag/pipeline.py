@@ -68,17 +68,17 @@ class Pipeline:
     """Search and ask over one index through one running stack."""
 
     def __init__(self, settings: Settings, client: StackClient, index: Index) -> None:
-        self._settings = settings
+        self.s = settings
         self.client = client
         self.index = index
         self._bm25: BM25 | None = None
 
-    @property
-    def s(self) -> Settings:
-        """The settings, with the guard format and rerank mode the server names where unset."""
-        if not (self._settings.guard_format and self._settings.rerank_mode):
-            self._settings = resolve(self._settings, self.client)
-        return self._settings
+    def _settled(self) -> Settings:
+        """The settings, with the guard format and rerank mode the server names where unset
+        (asked once, on first use: lexical retrieval alone needs no server)."""
+        if not (self.s.guard_format and self.s.rerank_mode):
+            self.s = resolve(self.s, self.client)
+        return self.s
 
     @property
     def bm25(self) -> BM25:
@@ -108,14 +108,15 @@ class Pipeline:
         """Rescore the candidates through /v1/score and order them per RAG_RERANK_MODE:
         `order` by the rerank score, `blend` by RRF of retrieval and rerank ranks, `floor`
         keeping the retrieval order (the scores then only gate the relevance floor)."""
+        mode = self._settled().rerank_mode
         scores = self.client.score(query, [h.chunk.embed_text for h in hits])
         scored = [replace(h, rerank=s) for h, s in zip(hits, scores, strict=True)]  # retrieval order
-        if self.s.rerank_mode == "floor":
+        if mode == "floor":
             return scored
         by_rerank = sorted(
             (replace(h, score=s) for h, s in zip(scored, scores, strict=True)), key=lambda h: -h.score
         )
-        if self.s.rerank_mode == "order":
+        if mode == "order":
             return by_rerank
         return rrf([scored, by_rerank])
 
@@ -140,15 +141,16 @@ class Pipeline:
         if rerank and hits:
             # In floor mode the scores only gate the sources, so only they are scored:
             # on CPU the reranker is the slowest stage of an answer.
-            n = self.s.sources if self.s.rerank_mode == "floor" else self.s.rerank_n
+            n = self.s.sources if self._settled().rerank_mode == "floor" else self.s.rerank_n
             with clock("rerank"):
                 hits = self.rerank(query, hits[:n]) + hits[n:]
         return hits
 
     def guard(self, question: str, answer: str | None = None) -> Verdict:
+        s = self._settled()
         return guard_check(
-            self.client, self.s.guard_format, self.s.guard_model, question, answer,
-            threshold=self.s.guard_threshold, strict=self.s.guard_strict,
+            self.client, s.guard_format, s.guard_model, question, answer,
+            threshold=s.guard_threshold, strict=s.guard_strict,
         )  # fmt: skip
 
     def ask(

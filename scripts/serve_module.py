@@ -82,8 +82,8 @@ def _deployment(batch: int, retry_after_s: float) -> dict[str, Any]:
     The card (or the CPU) has room for exactly one replica of each. Serve lets one
     engine batch of requests in (`max_ongoing_requests` = the engine's max_num_seqs;
     Serve's default of 5 would starve a batching engine) and one more batch wait;
-    beyond that a request is refused at once with 429 and Retry-After, instead of
-    waiting minutes behind an overload (Ray's LLM default queue is unbounded).
+    beyond that a request is refused with 429 and Retry-After (rag/stack/ingress.py)
+    instead of waiting minutes behind an overload (Ray's LLM default queue is unbounded).
     """
     max_ongoing_requests = batch
     return {

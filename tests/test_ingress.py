@@ -115,10 +115,14 @@ def client() -> TestClient:
             return ingress._refuse(refusal)
         if body.model == "gpt-9":
             raise HTTPException(404, 'Could not find model with id "gpt-9".')
-        if body.model == "busy":
-            raise BackPressureError(
-                num_queued_requests=64, max_queued_requests=64, status_code=429, retry_after_s=5
-            )
+        if body.model == "busy":  # what Serve's router raises when the engine's queue is full
+
+            async def queue_full() -> Any:
+                raise BackPressureError(
+                    num_queued_requests=64, max_queued_requests=64, status_code=429, retry_after_s=4.2
+                )
+
+            return await ingress.RagIngress._unless_busy(queue_full())
         if body.model == "long":
             raise OpenAIHTTPException(
                 400, "This model's maximum context length is 4096 tokens", "BadRequestError"
@@ -177,4 +181,4 @@ def test_backpressure_is_a_429_with_retry_after(client: TestClient) -> None:
     busy = {"model": "busy", "messages": [{"role": "user", "content": "hi"}]}
     r = client.post("/v1/chat/completions", json=busy)
     assert error_of(r, 429)["type"] == "rate_limit_error"
-    assert r.headers["retry-after"] == "5"
+    assert r.headers["retry-after"] == "5"  # whole seconds, rounded up

@@ -51,6 +51,18 @@ def test_search_ranks_a_gold_file_first_for_most_dev_questions(indexed: dict[str
     assert report["questions"] == 20
     assert report["retrieval"]["reranked"]["recall@1"] >= 0.7
     assert report["retrieval"]["fused"]["recall@5"] >= 0.9
+    assert report["failed"] == []
+    # Each result was written as it came; the finished run renamed the file into place.
+    results = Path(indexed["RAG_INDEX_DIR"]).parent / "eval" / "dev.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r.get("question") for r in rows[:-1]] == [q["question"] for q in _dev()] and "summary" in rows[-1]
+    assert not results.with_name("dev.jsonl.partial").exists()
+
+
+def _dev() -> list[dict[str, str]]:
+    return [
+        json.loads(line) for line in (ROOT / "eval" / "dev.jsonl").read_text().splitlines() if line.strip()
+    ]
 
 
 def test_search_shows_scores_for_each_stage(indexed: dict[str, str]) -> None:

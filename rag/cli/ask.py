@@ -353,6 +353,10 @@ def chat(base_url: str | None, api_key: str | None, index_dir: Path | None, mode
     "--answers/--no-answers", default=True, show_default=True, help="Also generate answers (slow on CPU)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Where each question's result goes, as it comes [default: .rag/eval/QA_FILE_STEM.jsonl].",
+)  # fmt: skip
 @friendly
 def evaluate(
     qa_file: Path,
@@ -362,24 +366,53 @@ def evaluate(
     k: int,
     answers: bool,
     as_json: bool,
+    out: Path | None,
 ) -> None:
     """Measure retrieval (recall@k, MRR) and answers (keywords, citations, guard blocks).
 
     QA_FILE is JSON lines: {"question": ..., "files": [gold paths], "keywords": [...]}.
     Works on any index and QA file.
 
+    Each question's result is appended to OUT.partial as soon as it is known;
+    a finished run renames it to OUT (the last finished run's OUT stays until
+    then). A question whose request fails (a timed-out engine, an error
+    answer) is recorded with its error and the run goes on.
+
     \b
     Examples:
       rag eval eval/dev.jsonl
       rag eval my_qa.jsonl --no-answers --json
+      rag eval my_qa.jsonl -o results/run1.jsonl
     """
     from rag.evaluate import load_qa, run_eval
 
     qas = load_qa(qa_file)
     s = _settings(base_url, api_key, index_dir)
+    out = out or s.index_dir.parent / "eval" / f"{qa_file.stem}.jsonl"
+    partial = out.with_name(out.name + ".partial")
+    try:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        sink = partial.open("w", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write results to {partial} ({exc.strerror}); pass --out PATH") from exc
+    err(f"writing each result to {partial} as it comes")
+
+    def record(row: dict[str, Any]) -> None:
+        sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+        sink.flush()
+
     client, pipe = _open(s)
-    with client:
-        report = run_eval(pipe, qas, k=k, answers=answers, progress=_progress("questions"))
+    with client, sink:
+        report = run_eval(pipe, qas, k=k, answers=answers, progress=_progress("questions"), record=record)
+        summary = {key: v for key, v in report.as_dict().items() if key != "per_question"}
+        record({"summary": summary})
+    partial.replace(out)
+    err(f"results: {out}")
+    if report.failed:
+        err(
+            f"{len(report.failed)} of {report.questions} questions failed (their errors are in {out}); "
+            f"retrieval measures cover the other {report.completed}"
+        )
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return

@@ -13,7 +13,8 @@ serves for text models and adds:
   a 4xx in the OpenAI error shape, `{"error": {"message", "type", "param", "code"}}`,
   and so is every error Ray or FastAPI raise for a malformed request.
 - Back-pressure: each engine deployment has a bounded queue (serve_module's
-  `_deployment`); a request past it is answered 429 with Retry-After at once.
+  `_deployment`); a request past it is refused with 429 and Retry-After instead of
+  queueing (Serve's own handler would answer a plain-text body).
 - `/v1/models` carries each role's facts (guard format, reranker kind, limits) in
   `metadata["rag"]`, so clients ask the server instead of guessing.
 
@@ -300,10 +301,6 @@ async def _openai_http_error(request: Request, exc: Exception) -> Response:
     return openai_error(exc.status_code, exc.message, type_=type_)
 
 
-async def _busy(request: Request, exc: Exception) -> Response:
-    return _backpressure(exc)
-
-
 def _backpressure(exc: Exception) -> JSONResponse:
     retry_after = getattr(exc, "retry_after_s", None)
     status = int(getattr(exc, "status_code", 429) or 429)
@@ -320,6 +317,7 @@ class Boundary:
     """ASGI middleware: refuse bodies that are too large or not JSON before they are read.
 
     Only on the routes `routes` serves by POST; any other path gets FastAPI's 404.
+    The size comes from Content-Length; a chunked body is bounded by Serve's proxy.
     """
 
     def __init__(self, app: ASGIApp, routes: FastAPI, max_body_bytes: int = MAX_BODY_BYTES) -> None:
@@ -452,7 +450,6 @@ def _app() -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OpenAIHTTPException, _openai_http_error)
-    app.add_exception_handler(BackPressureError, _busy)
     app.add_middleware(Boundary, routes=app)
     return app
 
