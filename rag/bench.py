@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from rag.errors import ServeError
 
@@ -435,6 +436,83 @@ def overload(base_url: str, model: str, factor: int = 10, max_tokens: int = 16) 
         }
 
     return asyncio.run(run())
+
+
+def query_overhead(workdir: Path, chunks: int = 100_000, dim: int = 384, queries: int = 50) -> dict[str, Any]:
+    """What a query costs besides the model calls, on a synthetic index of `chunks` chunks.
+
+    Warm (one process, index open): lexical, dense and fused top-20 per query, p50
+    and p95 in ms. Cold: a whole `rag search --mode lexical --no-rerank` process,
+    start to exit (Python, imports, opening the index, one query), seconds.
+    """
+    from rag.chunk import Chunk
+    from rag.index import _write, load_index
+    from rag.retrieve import dense, fuse
+
+    rng = random.Random(0)
+    vocab = [f"term{i}" for i in range(20_000)]
+    items = [
+        Chunk(
+            id=f"c{i}",
+            path=f"page{i // 40}.html",
+            title="Manual",
+            heading="Reference > Settings",
+            text=" ".join(rng.choice(vocab) for _ in range(rng.randint(40, 160))),
+        )
+        for i in range(chunks)
+    ]
+    vectors = np.random.default_rng(0).standard_normal((chunks, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    folder = workdir / "overhead-index"
+    start = time.perf_counter()
+    _write(folder, items, vectors, "embed", vectors[0], {}, str(workdir))
+    write_s = time.perf_counter() - start
+    del items
+
+    start = time.perf_counter()
+    index = load_index(folder)
+    _ = index.bm25  # opened on first lexical query otherwise
+    open_ms = (time.perf_counter() - start) * 1000
+    texts = [" ".join(rng.choice(vocab) for _ in range(6)) for _ in range(queries)]
+    qvecs = [vectors[rng.randrange(chunks)] for _ in range(queries)]
+    timings: dict[str, list[float]] = {"lexical": [], "dense": [], "fused": []}
+    for text, qv in zip(texts, qvecs, strict=True):
+        t0 = time.perf_counter()
+        index.bm25.top(text, 20)
+        t1 = time.perf_counter()
+        dense(index.chunks, index.vectors, qv, 20)
+        t2 = time.perf_counter()
+        fuse(index.chunks, index.vectors, index.bm25, text, qv, 20)
+        t3 = time.perf_counter()
+        for name, seconds in (("lexical", t1 - t0), ("dense", t2 - t1), ("fused", t3 - t2)):
+            timings[name].append(seconds * 1000)
+
+    env = {**os.environ, "RAG_INDEX_DIR": str(folder), "RAG_BASE_URL": "http://127.0.0.1:9/v1"}
+    cmd = [sys.executable, "-m", "rag.cli", "search", texts[0], "--mode", "lexical", "--no-rerank", "--json"]
+    cold = []
+    for _ in range(3):
+        t = time.perf_counter()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        cold.append(time.perf_counter() - t)
+        if done.returncode != 0:
+            raise ServeError(f"rag search on the synthetic index failed: {done.stderr[-300:]}")
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    python_s = time.perf_counter() - t
+
+    def pct(xs: list[float], q: float) -> float:
+        return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 2)
+
+    return {
+        "chunks": chunks,
+        "dim": dim,
+        "write_s": round(write_s, 2),
+        "open_ms": round(open_ms, 1),
+        **{f"{name}_p50_ms": pct(xs, 0.5) for name, xs in timings.items()},
+        **{f"{name}_p95_ms": pct(xs, 0.95) for name, xs in timings.items()},
+        "cold_search_s": round(statistics.median(cold), 2),
+        "python_start_s": round(python_s, 2),
+    }
 
 
 # --------------------------------------------------------------------------- report

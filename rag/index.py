@@ -3,36 +3,47 @@
 Layout of an index folder:
 
     manifest.json            what is current: generation, embedding model, files
-    vectors-<gen>.npy        float32, one unit row per chunk (loaded with allow_pickle=False)
+    vectors-<gen>.npy        float32, one unit row per chunk (memory-mapped, allow_pickle=False)
     chunks-<gen>.jsonl       one chunk per line, in the same order
+    offsets-<gen>.npy        where each chunk's line starts (int64), so a query reads only its hits
+    lexical-<gen>/           the BM25 matrix (bm25s, .npy and .json; memory-mapped)
+
+A query process maps these files instead of reading them: opening a 100k-chunk
+index costs milliseconds, and only the chunks a query returns are decoded.
 
 A build writes a new generation's files first and then replaces manifest.json
 in one atomic rename, so an interrupted `rag index` leaves the previous index
 whole. The manifest records the embedding model and a fingerprint of it (its
 vector for a fixed probe sentence), so an index is never queried through a
-different model. Nothing read back is ever unpickled.
+different model. Nothing read back is ever unpickled. An index of format 1 (no
+offsets, no lexical folder) is still read, eagerly, and its BM25 built in memory;
+the next `rag index` rewrites it as format 2 without embedding anything again.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import secrets
+import shutil
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 
 from rag.chunk import Chunk, chunk_document
 from rag.errors import ConfigError
 from rag.ingest import Scan, load, scan
+from rag.retrieve import BM25
 
 __all__ = ["PROBE", "BuildStats", "Index", "build", "load_index"]
 
-FORMAT = 1
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
 MANIFEST = "manifest.json"
 # Embedded at build time and again at query time: the same model gives the same vector.
 PROBE = "retrieval-augmented generation on one GPU"
@@ -44,14 +55,53 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str], batch_size: int = ..., workers: int = ...) -> np.ndarray: ...
 
 
+class ChunkFile(Sequence[Chunk]):
+    """The chunks of a JSON-lines file, decoded on access (the file is memory-mapped)."""
+
+    def __init__(self, path: Path, offsets: np.ndarray) -> None:
+        self._offsets = offsets  # n + 1 byte positions: chunk i is [offsets[i], offsets[i + 1])
+        with path.open("rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if len(self._map) != int(offsets[-1]):
+            raise ValueError(f"{path.name} is {len(self._map)} bytes, its offsets say {int(offsets[-1])}")
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> Chunk: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Chunk]: ...
+    def __getitem__(self, i: int | slice) -> Chunk | list[Chunk]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return Chunk(**json.loads(self._map[int(self._offsets[i]) : int(self._offsets[i + 1])]))
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass
 class Index:
     """A loaded index: chunks, their vectors, and what built them."""
 
     folder: Path
-    chunks: list[Chunk]
+    chunks: Sequence[Chunk]
     vectors: np.ndarray
     manifest: dict[str, Any]
+    _bm25: BM25 | None = field(default=None, repr=False)
+
+    @property
+    def bm25(self) -> BM25:
+        """The lexical index: memory-mapped from the folder, or built here for a format-1 index."""
+        if self._bm25 is None:
+            lexical = self.manifest.get("lexical_dir")
+            self._bm25 = BM25.load(self.folder / lexical, self.chunks) if lexical else BM25(self.chunks)
+        return self._bm25
 
     @property
     def embed_model(self) -> str:
@@ -84,13 +134,18 @@ def load_index(folder: Path) -> Index:
         raise ConfigError(f"no index in {folder}; build one with `rag index PATH` (e.g. `rag index corpus/`)")
     try:
         manifest = json.loads(manifest_path.read_text())
-        if manifest.get("format") != FORMAT:
+        if manifest.get("format") not in READABLE_FORMATS:
             raise ConfigError(
                 f"the index in {folder} has format {manifest.get('format')}; rebuild it with `rag index`"
             )
-        vectors = np.load(folder / manifest["vectors_file"], allow_pickle=False)
-        with (folder / manifest["chunks_file"]).open() as f:
-            chunks = [Chunk(**json.loads(line)) for line in f if line.strip()]
+        vectors = np.load(folder / manifest["vectors_file"], mmap_mode="r", allow_pickle=False)
+        chunks: Sequence[Chunk]
+        if "offsets_file" in manifest:
+            offsets = np.load(folder / manifest["offsets_file"], allow_pickle=False)
+            chunks = ChunkFile(folder / manifest["chunks_file"], offsets)
+        else:  # format 1
+            with (folder / manifest["chunks_file"]).open() as f:
+                chunks = [Chunk(**json.loads(line)) for line in f if line.strip()]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(
             f"the index in {folder} is unreadable ({exc}); rebuild it with `rag index PATH`"
@@ -215,12 +270,14 @@ def _write(
     folder.mkdir(parents=True, exist_ok=True)
     gen = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
     vec_file, chunk_file = f"vectors-{gen}.npy", f"chunks-{gen}.jsonl"
-    with (folder / vec_file).open("wb") as f:
-        np.save(f, vectors, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    lines = "".join(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in chunks)
-    _fsync_write(folder / chunk_file, lines.encode())
+    offsets_file, lexical_dir = f"offsets-{gen}.npy", f"lexical-{gen}"
+    _save_npy(folder / vec_file, vectors)
+    lines = [(json.dumps(asdict(c), ensure_ascii=False) + "\n").encode() for c in chunks]
+    _fsync_write(folder / chunk_file, b"".join(lines))
+    _save_npy(
+        folder / offsets_file, np.concatenate([[0], np.cumsum([len(b) for b in lines])]).astype(np.int64)
+    )
+    BM25(chunks).save(folder / lexical_dir)
     manifest = {
         "format": FORMAT,
         "generation": gen,
@@ -232,6 +289,8 @@ def _write(
         "count": len(chunks),
         "vectors_file": vec_file,
         "chunks_file": chunk_file,
+        "offsets_file": offsets_file,
+        "lexical_dir": lexical_dir,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     tmp = folder / f".{MANIFEST}.{gen}.tmp"
@@ -239,4 +298,14 @@ def _write(
     os.replace(tmp, folder / MANIFEST)  # the commit point
     for stale in folder.iterdir():  # earlier generations and leftovers of interrupted runs
         if stale.name != MANIFEST and gen not in stale.name:
-            stale.unlink(missing_ok=True)
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with path.open("wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())

@@ -71,7 +71,6 @@ class Pipeline:
         self.s = settings
         self.client = client
         self.index = index
-        self._bm25: BM25 | None = None
 
     def _settled(self) -> Settings:
         """The settings, with the guard format and rerank mode the server names where unset
@@ -82,9 +81,7 @@ class Pipeline:
 
     @property
     def bm25(self) -> BM25:
-        if self._bm25 is None:
-            self._bm25 = BM25(self.index.chunks)
-        return self._bm25
+        return self.index.bm25
 
     def embed_query(self, query: str) -> np.ndarray:
         """The query's vector, after proving the index's embedding model is the one answering."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import math
+import logging
 import re
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,44 +40,59 @@ class Hit:
 
 
 class BM25:
-    """Okapi BM25 over the chunks' title, heading and text."""
+    """Okapi BM25 over the chunks' title, heading and text, as bm25s computes it.
 
-    def __init__(self, chunks: Sequence[Chunk], k1: float = 1.2, b: float = 0.75) -> None:
-        self.chunks = list(chunks)
-        self.docs = [Counter(terms(c.embed_text)) for c in self.chunks]
-        self.lengths = np.array([sum(d.values()) for d in self.docs], dtype=np.float32)
-        self.avg = float(self.lengths.mean()) if len(self.docs) else 0.0
-        df: Counter[str] = Counter()
-        for d in self.docs:
-            df.update(d.keys())
-        n = len(self.docs)
-        self.idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
-        self.k1, self.b = k1, b
+    bm25s scores every (term, chunk) pair once, into a sparse matrix; a query sums
+    the rows of its terms. `rag index` saves the matrix beside the vectors and a
+    query process memory-maps it (no pickle), so nothing is rebuilt per process.
+    Terms are ours (`terms`): lower-cased words without stop words.
+    """
+
+    def __init__(self, chunks: Sequence[Chunk], engine: Any = None, k1: float = 1.2, b: float = 0.75) -> None:
+        bm25s = _bm25s()
+        self.chunks = chunks
+        if engine is None:
+            engine = bm25s.BM25(k1=k1, b=b)
+            engine.index([terms(c.embed_text) for c in chunks], show_progress=False)
+        self.engine = engine
+
+    @classmethod
+    def load(cls, folder: Path, chunks: Sequence[Chunk]) -> BM25:
+        """The index `save` wrote, memory-mapped."""
+        return cls(chunks, _bm25s().BM25.load(str(folder), mmap=True, show_progress=False))
+
+    def save(self, folder: Path) -> None:
+        self.engine.save(str(folder), show_progress=False)
 
     def scores(self, query: str) -> np.ndarray:
-        out = np.zeros(len(self.docs), dtype=np.float32)
-        for t in set(terms(query)):
-            idf = self.idf.get(t)
-            if idf is None:
-                continue
-            for i, d in enumerate(self.docs):
-                f = d.get(t)
-                if f:
-                    norm = self.k1 * (1 - self.b + self.b * self.lengths[i] / self.avg)
-                    out[i] += idf * f * (self.k1 + 1) / (f + norm)
-        return out
+        words = list(dict.fromkeys(terms(query)))  # each term once, as Okapi BM25 counts them
+        if not words:
+            return np.zeros(len(self.chunks), dtype=np.float32)
+        return np.asarray(self.engine.get_scores(words), dtype=np.float32)
 
     def top(self, query: str, k: int) -> list[Hit]:
         s = self.scores(query)
-        order = [int(i) for i in np.argsort(-s, kind="stable")[:k] if s[i] > 0]
+        order = [i for i in _top(s, k) if s[i] > 0]
         return [Hit(self.chunks[i], float(s[i]), lexical=float(s[i])) for i in order]
+
+
+def _bm25s() -> Any:
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets DEBUG on import: lines not for users
+    return bm25s
+
+
+def _top(scores: np.ndarray, k: int) -> list[int]:
+    """Indices of the k highest scores, best first, ties in index order (O(n), not a full sort)."""
+    part = np.argpartition(-scores, k - 1)[:k] if len(scores) > k else np.arange(len(scores))
+    return [int(i) for i in part[np.lexsort((part, -scores[part]))]]
 
 
 def dense(chunks: Sequence[Chunk], vectors: np.ndarray, query_vec: np.ndarray, k: int) -> list[Hit]:
     """Top-k chunks by cosine (the vectors are unit length)."""
     sims = vectors @ query_vec
-    order = np.argsort(-sims, kind="stable")[:k]
-    return [Hit(chunks[int(i)], float(sims[i]), dense=float(sims[i])) for i in order]
+    return [Hit(chunks[i], float(sims[i]), dense=float(sims[i])) for i in _top(sims, k)]
 
 
 def rrf(rankings: Sequence[Sequence[Hit]], k: int = 60) -> list[Hit]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -88,7 +89,8 @@ def test_second_run_embeds_only_changes_and_drops_deleted_files(tmp_path: Path, 
     texts = " ".join(c.text for c in ix.chunks)
     assert "17 GiB" in texts and "small models from PyPI" not in texts
     # only the current generation's files remain
-    assert len(list((tmp_path / "ix").iterdir())) == 3
+    names = sorted(f.name.split("-")[0] for f in (tmp_path / "ix").iterdir())
+    assert names == ["chunks", "lexical", "manifest.json", "offsets", "vectors"]
 
 
 def test_interrupted_build_leaves_the_previous_index_usable(tmp_path: Path, corpus: Path) -> None:
@@ -126,7 +128,7 @@ def test_crash_between_data_and_manifest_keeps_old_and_cleans_up(
     assert [c.id for c in load_index(tmp_path / "ix").chunks] == [c.id for c in before.chunks]
     monkeypatch.setattr(idx.os, "replace", real_replace)
     build([corpus], tmp_path / "ix", HashEmbedder(), "embed")
-    assert len(list((tmp_path / "ix").iterdir())) == 3  # leftovers of the crashed run are gone
+    assert len(list((tmp_path / "ix").iterdir())) == 5  # leftovers of the crashed run are gone
 
 
 def test_index_refuses_another_embedding_model(tmp_path: Path, corpus: Path) -> None:
@@ -167,3 +169,43 @@ def test_a_folder_with_nothing_indexable_is_refused(tmp_path: Path) -> None:
     (tmp_path / "only.png").write_bytes(b"x")
     with pytest.raises(ConfigError, match=r"1 \.png"):
         build([tmp_path], tmp_path / "ix", HashEmbedder(), "embed")
+
+
+def test_a_query_process_maps_the_files_and_decodes_only_what_it_reads(tmp_path: Path, corpus: Path) -> None:
+    build([corpus], tmp_path / "ix", HashEmbedder(), "embed")
+    ix = load_index(tmp_path / "ix")
+    assert isinstance(ix.vectors, np.memmap)
+    assert isinstance(ix.chunks, idx.ChunkFile)
+    eager = [
+        json.loads(line) for line in (tmp_path / "ix" / ix.manifest["chunks_file"]).read_text().splitlines()
+    ]
+    assert [c.id for c in ix.chunks] == [c["id"] for c in eager]
+    assert ix.chunks[-1].id == eager[-1]["id"] and [c.id for c in ix.chunks[1:3]] == [
+        c["id"] for c in eager[1:3]
+    ]
+    # The stored lexical index ranks exactly as one built in memory from the same chunks.
+    for query in ("guard card", "port 8100", "profile models PyPI"):
+        stored = [h.chunk.id for h in ix.bm25.top(query, 3)]
+        fresh = [h.chunk.id for h in idx.BM25(list(ix.chunks)).top(query, 3)]
+        assert stored == fresh and stored
+
+
+def test_a_format_1_index_is_still_read_and_upgraded_without_embedding_again(
+    tmp_path: Path, corpus: Path
+) -> None:
+    emb = HashEmbedder()
+    build([corpus], tmp_path / "ix", emb, "embed")
+    folder = tmp_path / "ix"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    # What format 1 wrote: vectors, chunks and a manifest without offsets or a lexical folder.
+    (folder / manifest.pop("offsets_file")).unlink()
+    shutil.rmtree(folder / manifest.pop("lexical_dir"))
+    manifest["format"] = 1
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    old = load_index(folder)
+    assert isinstance(old.chunks, list) and old.bm25.top("guard card", 1)[0].chunk.path == "gpu.md"
+    before = emb.texts
+    stats = build([corpus], folder, emb, "embed")
+    assert stats.chunks_embedded == 0 and emb.texts == before + 1  # only the probe sentence
+    upgraded = load_index(folder)
+    assert upgraded.manifest["format"] == idx.FORMAT and isinstance(upgraded.chunks, idx.ChunkFile)

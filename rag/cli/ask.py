@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
@@ -390,22 +390,29 @@ def evaluate(
     s = _settings(base_url, api_key, index_dir)
     out = out or s.index_dir.parent / "eval" / f"{qa_file.stem}.jsonl"
     partial = out.with_name(out.name + ".partial")
-    try:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        sink = partial.open("w", encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write results to {partial} ({exc.strerror}); pass --out PATH") from exc
-    err(f"writing each result to {partial} as it comes")
+    sinks: list[TextIO] = []  # opened with the first result: a run that fails at once writes nothing
 
     def record(row: dict[str, Any]) -> None:
-        sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-        sink.flush()
+        if not sinks:
+            try:
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                sinks.append(partial.open("w", encoding="utf-8"))
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot write results to {partial} ({exc.strerror}); pass --out PATH"
+                ) from exc
+            err(f"writing each result to {partial} as it comes")
+        sinks[0].write(json.dumps(row, ensure_ascii=False) + "\n")
+        sinks[0].flush()
 
     client, pipe = _open(s)
-    with client, sink:
-        report = run_eval(pipe, qas, k=k, answers=answers, progress=_progress("questions"), record=record)
-        summary = {key: v for key, v in report.as_dict().items() if key != "per_question"}
-        record({"summary": summary})
+    try:
+        with client:
+            report = run_eval(pipe, qas, k=k, answers=answers, progress=_progress("questions"), record=record)
+            record({"summary": {key: v for key, v in report.as_dict().items() if key != "per_question"}})
+    finally:
+        for sink in sinks:
+            sink.close()
     partial.replace(out)
     err(f"results: {out}")
     if report.failed:

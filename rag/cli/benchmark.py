@@ -139,6 +139,8 @@ def bench(
                 report["extras"]["ask"] = b.ask_latency(url, Path("corpus"), qs, [1, 8], work)
                 err("ours: overload, 10x the chat engine's batch at once")
                 report["extras"]["overload"] = b.overload(url, s.chat_model)
+                err("query overhead on a synthetic index of 100k chunks")
+                report["extras"]["query_overhead"] = b.query_overhead(work)
         finally:
             if managed:
                 managed.stop()
