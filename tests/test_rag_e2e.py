@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,9 +112,7 @@ def test_guard_blocks_an_unsafe_question_end_to_end(indexed: dict[str, str]) -> 
 def test_index_from_another_embedding_model_is_refused(indexed: dict[str, str], tmp_path: Path) -> None:
     manifest_path = Path(indexed["RAG_INDEX_DIR"]) / "manifest.json"
     foreign = tmp_path / "foreign"
-    foreign.mkdir()
-    for f in manifest_path.parent.iterdir():
-        (foreign / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(manifest_path.parent, foreign)
     manifest = json.loads(manifest_path.read_text())
     manifest["probe"] = [-x for x in manifest["probe"]]  # as if built by another model
     (foreign / "manifest.json").write_text(json.dumps(manifest))
