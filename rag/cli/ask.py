@@ -135,8 +135,9 @@ def index(
     """Index folders (recursively) or files: .md .txt .rst .html .pdf.
 
     A second run embeds only new or changed chunks and drops deleted files; an
-    interrupted run leaves the previous index usable. Without PATHS, indexes
-    ./corpus (the stack's own documentation).
+    interrupted run leaves the previous index usable. The lexical (BM25) index
+    is built here too and stored beside the vectors, so queries open both in
+    milliseconds. Without PATHS, indexes ./corpus (the stack's own documentation).
 
     \b
     Examples:
