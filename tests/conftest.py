@@ -8,7 +8,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from openai import OpenAI
 
 from rag.bench import Managed
 from rag.errors import ServeError
@@ -80,6 +82,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
             f"rag serve exited {server.proc.returncode}:\n{log.read_text()[-3000:]}"
         )
         assert not killed, f"rag serve left processes behind: {killed}"
+
+
+@pytest.fixture(scope="module")
+def oai(stack: Stack) -> OpenAI:
+    """The OpenAI client a user has, pointed at the stack (no client-side retries)."""
+    return OpenAI(base_url=stack.base_url, api_key="EMPTY", timeout=300, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(stack: Stack) -> httpx.Client:
+    """Plain HTTP against the stack's /v1."""
+    return httpx.Client(base_url=stack.base_url, timeout=300)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

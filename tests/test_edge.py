@@ -39,16 +39,6 @@ WEATHER = {
 
 
 @pytest.fixture(scope="module")
-def oai(stack: Stack) -> OpenAI:
-    return OpenAI(base_url=stack.base_url, api_key="EMPTY", timeout=300, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def http(stack: Stack) -> httpx.Client:
-    return httpx.Client(base_url=stack.base_url, timeout=300)
-
-
-@pytest.fixture(scope="module")
 def root(stack: Stack) -> str:
     return stack.base_url.removesuffix("/v1")
 

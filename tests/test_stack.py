@@ -15,16 +15,6 @@ from tests.conftest import Stack
 pytestmark = pytest.mark.stack
 
 
-@pytest.fixture(scope="module")
-def oai(stack: Stack) -> OpenAI:
-    return OpenAI(base_url=stack.base_url, api_key="EMPTY", timeout=300, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def http(stack: Stack) -> httpx.Client:
-    return httpx.Client(base_url=stack.base_url, timeout=300)
-
-
 def _still_serving(oai: OpenAI) -> None:
     reply = oai.chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "Say yes."}], max_tokens=3
