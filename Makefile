@@ -6,7 +6,7 @@ LOCK   := requirements/cpu.lock
 STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
-.PHONY: help install models run serve check test test-fast lint fmt lock clean
+.PHONY: help install models run serve check test test-fast eval eval-git lint fmt lock clean
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -36,6 +36,13 @@ test: models  ## the whole suite: unit tests, then the real four-engine CPU stac
 
 test-fast: install  ## unit tests only (no stack boot)
 	@$(BIN)/python -m pytest tests -m "not stack"; rc=$$?; [ $$rc -ne 5 ] || exit 1; exit $$rc
+
+eval: models  ## the dev set (eval/dev.jsonl) over ./corpus, on the stack at RAG_BASE_URL (start it with `make run`)
+	$(BIN)/rag index corpus
+	$(BIN)/rag eval eval/dev.jsonl
+
+eval-git: models  ## Git's manual (Debian git-doc, fetched once) indexed and evaluated; boots a stack if none answers
+	scripts/eval-git-doc.sh
 
 lint: install  ## ruff (lint + format check) and mypy
 	$(BIN)/ruff check rag scripts tests

@@ -445,7 +445,7 @@ def query_overhead(workdir: Path, chunks: int = 100_000, dim: int = 384, queries
     and p95 in ms. Cold: a whole `rag search --mode lexical --no-rerank` process,
     start to exit (Python, imports, opening the index, one query), seconds.
     """
-    from rag.chunk import Chunk
+    from rag.chunk import Chunk, Chunker
     from rag.index import _write, load_index
     from rag.retrieve import dense, fuse
 
@@ -465,7 +465,7 @@ def query_overhead(workdir: Path, chunks: int = 100_000, dim: int = 384, queries
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     folder = workdir / "overhead-index"
     start = time.perf_counter()
-    _write(folder, items, vectors, "embed", vectors[0], {}, str(workdir))
+    _write(folder, items, vectors, "embed", vectors[0], {}, str(workdir), Chunker())
     write_s = time.perf_counter() - start
     del items
 

@@ -185,8 +185,9 @@ class StackClient:
         batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
 
         def one(batch: list[str]) -> list[list[float]]:
-            # The chunker's token count is an estimate: let the server cut the rare chunk
-            # that still exceeds the model's window (-1: at max_model_len) instead of failing.
+            # Chunks are sized with the model's tokenizer when it is at hand, by an estimate
+            # otherwise: let the server cut a text over the model's window (-1: at
+            # max_model_len) instead of failing the whole batch.
             body = {"model": self.settings.embed_model, "input": batch, "truncate_prompt_tokens": -1}
             data = self._post("/embeddings", body)["data"]
             return [d["embedding"] for d in sorted(data, key=lambda d: d["index"])]

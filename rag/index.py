@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -35,12 +36,12 @@ from typing import Any, Protocol, overload
 
 import numpy as np
 
-from rag.chunk import Chunk, chunk_document
+from rag.chunk import Chunk, Chunker
 from rag.errors import ConfigError
 from rag.ingest import Scan, load, scan
 from rag.retrieve import BM25
 
-__all__ = ["PROBE", "BuildStats", "Index", "build", "load_index"]
+__all__ = ["PROBE", "BuildStats", "Index", "LocalRunner", "Parsed", "Runner", "build", "load_index", "parse"]
 
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
@@ -53,6 +54,44 @@ class Embedder(Protocol):
     """What `build` needs from the stack (StackClient satisfies it)."""
 
     def embed(self, texts: Sequence[str], batch_size: int = ..., workers: int = ...) -> np.ndarray: ...
+
+
+Parsed = tuple[str, str, list[Chunk]]  # path relative to the root, sha256 of the file, its chunks
+Progress = Callable[[int, int], None]
+
+
+class Runner(Protocol):
+    """Where the two heavy steps of a build run: here (LocalRunner) or on Ray (rag.index_ray)."""
+
+    def parse(self, files: Sequence[Path], root: Path, chunker: Chunker, progress: Progress) -> list[Parsed]:
+        """Every file read and chunked, in the order given."""
+        ...
+
+    def embed(self, chunks: Sequence[Chunk], progress: Progress) -> np.ndarray:
+        """One unit vector per chunk, in order."""
+        ...
+
+
+@dataclass
+class LocalRunner:
+    """This machine: a process per core parses, a few threads keep the embed engine busy."""
+
+    client: Embedder
+    batch_size: int = 32
+    workers: int = 4
+    parse_workers: int | None = None
+
+    def parse(self, files: Sequence[Path], root: Path, chunker: Chunker, progress: Progress) -> list[Parsed]:
+        return parse(files, root, chunker, workers=self.parse_workers, progress=progress)
+
+    def embed(self, chunks: Sequence[Chunk], progress: Progress) -> np.ndarray:
+        parts: list[np.ndarray] = []
+        step = self.batch_size * self.workers
+        for i in range(0, len(chunks), step):
+            part = [c.embed_text for c in chunks[i : i + step]]
+            parts.append(self.client.embed(part, batch_size=self.batch_size, workers=self.workers))
+            progress(min(i + step, len(chunks)), len(chunks))
+        return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
 
 class ChunkFile(Sequence[Chunk]):
@@ -164,11 +203,14 @@ class BuildStats:
     files: int
     files_changed: int
     files_removed: int
+    files_duplicate: int
     chunks: int
     chunks_embedded: int
     skipped: dict[str, int]
     seconds: float
+    parse_seconds: float
     rebuilt_because: str | None
+    counted_with: str
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,14 +234,19 @@ def build(
     client: Embedder,
     embed_model: str,
     *,
-    max_tokens: int = 200,
-    overlap: int = 40,
-    batch_size: int = 32,
-    workers: int = 4,
-    progress: Callable[[int, int], None] = lambda done, total: None,
+    chunker: Chunker | None = None,
+    runner: Runner | None = None,
+    progress: Progress = lambda done, total: None,
+    parse_progress: Progress = lambda done, total: None,
 ) -> BuildStats:
-    """Index `paths` into `folder`, embedding only chunks the previous index lacks."""
+    """Index `paths` into `folder`, embedding only chunks the previous index lacks.
+
+    `client` embeds the probe that pins the model; `runner` does the parsing and the
+    embedding (default: LocalRunner(client)). Whatever runs them, the index is the same.
+    """
     start = time.monotonic()
+    chunker = chunker or Chunker()
+    runner = runner or LocalRunner(client)
     root, found = scan(paths)
     if not found.files:
         raise ConfigError(
@@ -211,40 +258,81 @@ def build(
     old_files: dict[str, str] = dict(old.manifest["files"]) if old else {}
     old_vectors = {c.id: old.vectors[i] for i, c in enumerate(old.chunks)} if old else {}
 
-    chunks: list[Chunk] = []
-    files: dict[str, str] = {}
-    changed = 0
-    for f in found.files:
-        doc = load(f, root)
-        files[doc.path] = doc.sha256
-        changed += old_files.get(doc.path) != doc.sha256
-        chunks.extend(chunk_document(doc, max_tokens=max_tokens, overlap=overlap))
-    chunks = list({c.id: c for c in chunks}.values())  # identical text under one heading: once
+    parsed = runner.parse(found.files, root, chunker, parse_progress)
+    parse_seconds = time.monotonic() - start
+    chunks, files, duplicates = _collect(parsed)
+    changed = sum(old_files.get(path) != sha for path, sha in files.items())
     todo = [c for c in chunks if c.id not in old_vectors]
-
-    new_vectors: dict[str, np.ndarray] = {}
-    step = batch_size * workers
-    for i in range(0, len(todo), step):
-        part = todo[i : i + step]
-        vecs = client.embed([c.embed_text for c in part], batch_size=batch_size, workers=workers)
-        new_vectors.update({c.id: v for c, v in zip(part, vecs, strict=True)})
-        progress(min(i + step, len(todo)), len(todo))
+    new_vectors = dict(zip((c.id for c in todo), runner.embed(todo, progress), strict=True)) if todo else {}
     if not todo:
         progress(0, 0)
 
     vectors = np.stack([new_vectors[c.id] if c.id in new_vectors else old_vectors[c.id] for c in chunks])
     vectors = vectors.astype(np.float32, copy=False)
-    _write(folder, chunks, vectors, embed_model, probe, files, str(root))
+    _write(folder, chunks, vectors, embed_model, probe, files, str(root), chunker)
     return BuildStats(
         files=len(files),
         files_changed=changed,
         files_removed=len(set(old_files) - set(files)),
+        files_duplicate=duplicates,
         chunks=len(chunks),
         chunks_embedded=len(todo),
         skipped=dict(found.skipped),
         seconds=time.monotonic() - start,
+        parse_seconds=parse_seconds,
         rebuilt_because=rebuilt_because,
+        counted_with=chunker.counter.name,
     )
+
+
+def _parse_one(job: tuple[Path, Path, Chunker]) -> Parsed:
+    path, root, chunker = job
+    doc = load(path, root)
+    return doc.path, doc.sha256, chunker(doc)
+
+
+def parse(
+    files: Sequence[Path],
+    root: Path,
+    chunker: Chunker,
+    *,
+    workers: int | None = None,
+    progress: Progress = lambda done, total: None,
+) -> list[Parsed]:
+    """Read and chunk `files`, in parallel across the cores this process may use; in order."""
+    jobs = [(f, root, chunker) for f in files]
+    n = workers or len(os.sched_getaffinity(0))
+    out: list[Parsed] = []
+    if n <= 1 or len(jobs) < 32:  # a process pool costs ~0.5 s to start: not worth it for a few files
+        for job in jobs:
+            out.append(_parse_one(job))
+            progress(len(out), len(jobs))
+        return out
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork: workers start in milliseconds and need no importable __main__. The parent holds
+    # no threads here but the tokenizer's pool, which a forked child must not reuse.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+        for result in pool.map(_parse_one, jobs, chunksize=max(1, min(32, len(jobs) // (8 * n)))):
+            out.append(result)
+            progress(len(out), len(jobs))
+    return out
+
+
+def _collect(parsed: Sequence[Parsed]) -> tuple[list[Chunk], dict[str, str], int]:
+    """All chunks, once each; a file whose bytes repeat an earlier file's is left out."""
+    chunks: dict[str, Chunk] = {}
+    files: dict[str, str] = {}
+    seen: set[str] = set()
+    for path, sha, doc_chunks in parsed:
+        if sha in seen:
+            continue
+        seen.add(sha)
+        files[path] = sha
+        for c in doc_chunks:
+            chunks.setdefault(c.id, c)  # identical text under one heading: once
+    return list(chunks.values()), files, len(parsed) - len(files)
 
 
 def _skipped(found: Scan) -> str:
@@ -266,13 +354,14 @@ def _write(
     probe: np.ndarray,
     files: dict[str, str],
     root: str,
+    chunker: Chunker,
 ) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     gen = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
     vec_file, chunk_file = f"vectors-{gen}.npy", f"chunks-{gen}.jsonl"
     offsets_file, lexical_dir = f"offsets-{gen}.npy", f"lexical-{gen}"
     _save_npy(folder / vec_file, vectors)
-    lines = [(json.dumps(asdict(c), ensure_ascii=False) + "\n").encode() for c in chunks]
+    lines = [(json.dumps(c.as_dict(), ensure_ascii=False) + "\n").encode() for c in chunks]
     _fsync_write(folder / chunk_file, b"".join(lines))
     _save_npy(
         folder / offsets_file, np.concatenate([[0], np.cumsum([len(b) for b in lines])]).astype(np.int64)
@@ -286,6 +375,7 @@ def _write(
         "probe": [round(float(x), 6) for x in probe],
         "root": root,
         "files": files,
+        "chunker": chunker.describe(),
         "count": len(chunks),
         "vectors_file": vec_file,
         "chunks_file": chunk_file,

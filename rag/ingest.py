@@ -1,8 +1,12 @@
-"""Ingest: files under a root -> documents made of (heading, text) sections.
+"""Ingest: files under a root -> documents made of (heading path, blocks) sections.
 
-Reads .md, .txt, .rst, .html/.htm (BeautifulSoup, dropping scripts, styles and
-navigation) and .pdf (pypdf). Anything else is skipped and counted. Links are
-never followed out of the root: a symlink that resolves outside it is skipped.
+Reads .md, .txt, .rst, .html/.htm (main content only, see rag.html_text) and
+.pdf (pypdf). A block is a paragraph, a list item or a whole code block; the
+chunker packs blocks and splits inside one only when it must. Anything else is
+skipped and counted. Links are never followed out of the root: a symlink that
+resolves outside it is skipped. A source file published beside its rendered
+page (Sphinx's `_sources/x.rst.txt` or `x.txt` next to `x.html`) is skipped, so
+a documentation folder's text is indexed once.
 """
 
 from __future__ import annotations
@@ -21,10 +25,22 @@ SUPPORTED = (".md", ".markdown", ".txt", ".rst", ".html", ".htm", ".pdf")
 
 @dataclass(frozen=True)
 class Section:
-    """A run of text under one heading."""
+    """The blocks under one heading path ("Reference > Configuration > Memory")."""
 
     heading: str
-    text: str
+    blocks: tuple[str, ...]
+
+    @classmethod
+    def of(cls, heading: str, text: str) -> Section:
+        """A section from plain text: blocks are its blank-line separated paragraphs."""
+        return cls(heading, tuple(p.strip() for p in _BLANK_LINE.split(text) if p.strip()))
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(self.blocks)
+
+
+_BLANK_LINE = re.compile(r"\n\s*\n")
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,30 @@ def scan(paths: Iterable[Path]) -> tuple[Path, Scan]:
             if real not in seen:
                 seen.add(real)
                 result.files.append(f)
+    rendered = {f.with_suffix("") for f in result.files if f.suffix.lower() in (".html", ".htm")}
+    kept = [f for f in result.files if not _source_of_rendered(f, rendered)]
+    result.skipped["source of an HTML page beside it"] += len(result.files) - len(kept)
+    result.skipped += Counter()  # drops a zero count
+    result.files = kept
     return root, result
+
+
+_SOURCE_SUFFIXES = (".txt", ".rst", ".md", ".markdown")
+
+
+def _source_of_rendered(f: Path, rendered: set[Path]) -> bool:
+    """x.txt / x.rst / x.md beside x.html, or Sphinx's _sources/x.rst.txt for x.html."""
+    if f.suffix.lower() not in _SOURCE_SUFFIXES:
+        return False
+    stem = f.with_suffix("")
+    if stem in rendered:
+        return True
+    parts = f.parts
+    if "_sources" not in parts:
+        return False
+    i = len(parts) - 1 - parts[::-1].index("_sources")
+    page = Path(*parts[:i], *parts[i + 1 :]).with_suffix("")  # _sources/a/b.rst.txt -> a/b.rst
+    return page in rendered or page.with_suffix("") in rendered
 
 
 def _common_root(paths: list[Path]) -> Path:
@@ -101,9 +140,9 @@ def load(path: Path, root: Path) -> Document:
         elif suffix in (".md", ".markdown"):
             title, sections = _markdown(text)
         else:
-            title, sections = "", [Section("", text)]
+            title, sections = "", [Section.of("", text)]
     rel = path.relative_to(root).as_posix()
-    sections = [s for s in sections if s.text.strip()]
+    sections = [s for s in sections if s.blocks]
     return Document(
         path=rel,
         title=title or path.stem.replace("_", " ").replace("-", " "),
@@ -113,33 +152,52 @@ def load(path: Path, root: Path) -> Document:
 
 
 _MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+_FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def _markdown(text: str) -> tuple[str, list[Section]]:
     title = ""
     trail: list[str] = []  # heading path, so a chunk keeps "Deploying > GPU memory"
     sections: list[Section] = []
+    blocks: list[str] = []
     buf: list[str] = []
     in_code = False
 
-    def flush() -> None:
-        if buf:
-            sections.append(Section(" > ".join(trail), "\n".join(buf).strip()))
-            buf.clear()
+    def end_block() -> None:
+        if "".join(buf).strip():
+            blocks.append("\n".join(buf).strip("\n"))
+        buf.clear()
+
+    def end_section() -> None:
+        end_block()
+        if blocks:
+            sections.append(Section(" > ".join(trail), tuple(blocks)))
+            blocks.clear()
 
     for line in text.splitlines():
-        if line.lstrip().startswith("```"):
+        if _FENCE.match(line):
+            if not in_code:
+                end_block()  # a fenced block is one block, blank lines and all
+            buf.append(line)
             in_code = not in_code
-        m = None if in_code else _MD_HEADING.match(line)
+            if not in_code:
+                end_block()
+            continue
+        if in_code:
+            buf.append(line)
+            continue
+        m = _MD_HEADING.match(line)
         if m:
-            flush()
+            end_section()
             level, heading = len(m.group(1)), m.group(2).strip()
             if level == 1 and not title:
                 title = heading
             trail[:] = [*trail[: level - 1], heading]
-            continue
-        buf.append(line)
-    flush()
+        elif not line.strip():
+            end_block()
+        else:
+            buf.append(line)
+    end_section()
     return title, sections
 
 
@@ -157,7 +215,7 @@ def _rst(text: str) -> tuple[str, list[Section]]:
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         if line.strip() and _RST_UNDERLINE.match(nxt) and len(nxt.strip()) >= len(line.strip()):
             if buf:
-                sections.append(Section(heading, "\n".join(buf).strip()))
+                sections.append(Section.of(heading, "\n".join(buf)))
                 buf = []
             heading = line.strip()
             title = title or heading
@@ -174,40 +232,15 @@ def _rst(text: str) -> tuple[str, list[Section]]:
         buf.append(line)
         i += 1
     if buf:
-        sections.append(Section(heading, "\n".join(buf).strip()))
+        sections.append(Section.of(heading, "\n".join(buf)))
     return title, sections
 
 
 def _html(text: str) -> tuple[str, list[Section]]:
-    from bs4 import BeautifulSoup
+    from rag.html_text import extract
 
-    soup = BeautifulSoup(text, "html.parser")
-    for tag in soup(["script", "style", "nav", "header", "footer", "aside", "noscript", "template", "form"]):
-        tag.decompose()
-    title = soup.title.get_text(" ", strip=True) if soup.title else ""
-    body = soup.body or soup
-    sections: list[Section] = []
-    heading = ""
-    buf: list[str] = []
-    for el in body.find_all(
-        ["h1", "h2", "h3", "h4", "h5", "h6", "p", "li", "pre", "td", "blockquote", "dd", "dt"]
-    ):
-        if el.find_parent(["p", "li", "pre", "td", "blockquote"]) is not None:
-            continue  # counted with its parent
-        content = el.get_text(" ", strip=True)
-        if not content:
-            continue
-        if el.name and el.name[0] == "h" and el.name[1:].isdigit():
-            if buf:
-                sections.append(Section(heading, "\n\n".join(buf)))
-                buf = []
-            heading = content
-            title = title or content
-        else:
-            buf.append(content)
-    if buf:
-        sections.append(Section(heading, "\n\n".join(buf)))
-    return title, sections
+    page = extract(text)
+    return page.title, [Section(heading, tuple(blocks)) for heading, blocks in page.sections]
 
 
 def _pdf(path: Path) -> tuple[str, list[Section]]:
@@ -216,7 +249,7 @@ def _pdf(path: Path) -> tuple[str, list[Section]]:
     reader = PdfReader(path)
     meta_title = (reader.metadata.title if reader.metadata else None) or ""
     sections = [
-        Section(f"page {i}", text)
+        Section.of(f"page {i}", text)
         for i, page in enumerate(reader.pages, 1)
         if (text := page.extract_text() or "").strip()
     ]

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -43,6 +44,28 @@ def test_second_index_run_embeds_nothing(indexed: dict[str, str]) -> None:
     assert code == 0
     stats = json.loads(out)
     assert stats["chunks_embedded"] == 0 and stats["files_changed"] == 0
+
+
+def test_ray_data_pipeline_on_a_local_ray_writes_the_same_index(
+    indexed: dict[str, str], tmp_path: Path
+) -> None:
+    """`rag index --ray`: parse and embed as Ray Data stages on a private local Ray."""
+    from rag.index import load_index
+
+    env = {**indexed, "RAG_INDEX_DIR": str(tmp_path / "ray-index")}
+    result = CliRunner().invoke(main, ["index", str(ROOT / "corpus"), "--ray", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "indexing on Ray (a local instance)" in result.stderr
+    stats = json.loads(result.stdout)
+    assert stats["chunks_embedded"] == stats["chunks"] > 20
+    local, on_ray = load_index(Path(indexed["RAG_INDEX_DIR"])), load_index(tmp_path / "ray-index")
+    assert list(local.chunks) == list(on_ray.chunks)  # same chunks, same order
+    assert np.allclose(local.vectors, on_ray.vectors, atol=1e-4)
+    same = ("format", "embed_model", "dim", "files", "chunker", "count")
+    assert {k: local.manifest[k] for k in same} == {k: on_ray.manifest[k] for k in same}
+    import ray
+
+    assert not ray.is_initialized()  # the private Ray is gone with the run
 
 
 def test_search_ranks_a_gold_file_first_for_most_dev_questions(indexed: dict[str, str]) -> None:

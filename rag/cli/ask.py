@@ -12,6 +12,7 @@ from typing import Any, TextIO, TypeVar
 import click
 
 from rag.answer import format_sources
+from rag.chunk import Chunker
 from rag.cli._common import CONTEXT, err, friendly, main
 from rag.client import StackClient
 from rag.errors import ConfigError
@@ -105,46 +106,121 @@ def _open(s: Settings) -> tuple[StackClient, Pipeline]:
     return client, Pipeline(s, client, index)
 
 
+def _tokenizer(path: Path | None) -> str | None:
+    """The embedding model's tokenizer.json: the one given, else the prepared CPU model's,
+    else the GPU profile's from the Hugging Face cache; None (the estimate) if none is here."""
+    import os
+
+    from rag.chunk import Tokens
+    from rag.settings import default_models_dir
+    from rag.stack.prepare import MODEL_SETS
+
+    if path is not None:
+        found = Tokens.find([path.expanduser()])
+        if found is None:
+            raise ConfigError(
+                f"no tokenizer.json at {path}; pass the embedding model's folder or its tokenizer.json "
+                "(or leave --tokenizer out to use the prepared model's)"
+            )
+        return str(found)
+    model_set = MODEL_SETS.get(os.environ.get("RAG_CPU_MODELS", "qwen"), MODEL_SETS["qwen"])
+    hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+    candidates = [
+        default_models_dir() / model_set["embed"],
+        *sorted(hub.glob("models--BAAI--bge-small-en-v1.5/snapshots/*")),
+    ]
+    found = Tokens.find(candidates)
+    return str(found) if found else None
+
+
 @main.command(context_settings=CONTEXT)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @stack_options
 @click.option(
     "--max-tokens",
-    type=click.IntRange(32, 512),
-    default=200,
+    type=click.IntRange(32, 8192),
+    default=Chunker.max_tokens,
     show_default=True,
     envvar="RAG_CHUNK_TOKENS",
     show_envvar=True,
-    help="Chunk size (estimated tokens).",
+    help="Chunk size in the embedding model's tokens, context line included; keep it within the "
+    "model's window (256 for the CPU profile's all-MiniLM-L6-v2, 512 for bge-small).",
 )
 @click.option(
     "--overlap",
-    type=click.IntRange(0, 256),
-    default=40,
+    type=click.IntRange(0, 1024),
+    default=Chunker.overlap,
     show_default=True,
     envvar="RAG_CHUNK_OVERLAP",
     show_envvar=True,
-    help="Overlap between chunks (tokens).",
+    help="Tokens of a section's previous chunk repeated at the start of the next.",
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path),
+    envvar="RAG_TOKENIZER",
+    show_envvar=True,
+    default=None,
+    help="The embedding model's tokenizer.json (or its folder), to count chunk sizes "
+    "[default: the prepared embedding model's; an estimate if none is found].",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(1),
+    default=None,
+    envvar="RAG_INDEX_JOBS",
+    show_envvar=True,
+    help="Processes that parse and chunk files [default: one per core].",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="local",
+    default=None,
+    envvar="RAG_RAY_ADDRESS",
+    show_envvar=True,
+    metavar="[ADDRESS]",
+    help="Run parsing and embedding as a Ray Data pipeline: `--ray` alone on a private local Ray, "
+    "`--ray ray://HEAD:10001` (or `auto`) on a cluster whose nodes all see PATHS and the stack's URL.",
+)
+@click.option(
+    "--embed-actors",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="With --ray: embedding requests in flight (more where the stack runs more `embed` replicas).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 @friendly
 def index(
     paths: tuple[Path, ...], base_url: str | None, api_key: str | None, index_dir: Path | None,
-    max_tokens: int, overlap: int, as_json: bool,
+    max_tokens: int, overlap: int, tokenizer: Path | None, jobs: int | None, ray_address: str | None,
+    embed_actors: int, as_json: bool,
 ) -> None:  # fmt: skip
     """Index folders (recursively) or files: .md .txt .rst .html .pdf.
 
-    A second run embeds only new or changed chunks and drops deleted files; an
-    interrupted run leaves the previous index usable. The lexical (BM25) index
-    is built here too and stored beside the vectors, so queries open both in
-    milliseconds. Without PATHS, indexes ./corpus (the stack's own documentation).
+    HTML keeps only the page's main content (no navigation, sidebars, footers or
+    permalink signs) and each chunk keeps its heading path; a source file
+    published beside its HTML page (Sphinx's _sources/, x.txt next to x.html) is
+    indexed once. A second run embeds only new or changed chunks and drops
+    deleted files; an interrupted run leaves the previous index usable. The
+    lexical (BM25) index is built here too and stored beside the vectors, so
+    queries open both in milliseconds. Without PATHS, indexes ./corpus (the
+    stack's own documentation).
 
     \b
     Examples:
       rag index corpus/
       rag index ~/notes handbook.pdf --index ~/.rag/notes
+      rag index /usr/share/doc/git-doc --index .rag/git-doc
+      rag index big-docs/ --ray                   # Ray Data on a local Ray
+      rag index /shared/docs --ray ray://head:10001  # ... on a Ray cluster
     """
-    from rag.index import build
+    from contextlib import nullcontext
+
+    from rag.index import LocalRunner, Runner, build
 
     if overlap >= max_tokens:
         raise click.BadParameter("must be smaller than --max-tokens", param_hint="--overlap")
@@ -153,22 +229,36 @@ def index(
             raise ConfigError("say what to index: `rag index PATH` (no ./corpus here to default to)")
         paths = (Path("corpus"),)
     s = _settings(base_url, api_key, index_dir)
+    chunker = Chunker(max_tokens, overlap, _tokenizer(tokenizer))
+    if chunker.tokenizer is None:
+        err("no tokenizer.json for the embedding model here: chunk sizes are estimated (pass --tokenizer)")
     with StackClient(s, on_wait=err) as client:
-        stats = build(
-            list(paths), s.index_dir, client, s.embed_model, max_tokens=max_tokens, overlap=overlap,
-            progress=_progress("embedding chunks"),
-        )  # fmt: skip
+        runner: Runner = LocalRunner(client, parse_workers=jobs)
+        context: Any = nullcontext()
+        if ray_address:
+            from rag.index_ray import RayRunner
+
+            err(f"indexing on Ray ({'a local instance' if ray_address == 'local' else ray_address})")
+            runner = context = RayRunner(s, ray_address, embed_actors=embed_actors)
+        with context:
+            stats = build(
+                list(paths), s.index_dir, client, s.embed_model, chunker=chunker, runner=runner,
+                progress=_progress("embedding chunks"), parse_progress=_progress("reading files"),
+            )  # fmt: skip
     if as_json:
         click.echo(json.dumps({"index": str(s.index_dir), **stats.as_dict()}, indent=2))
         return
     if stats.rebuilt_because:
         err(f"rebuilt from scratch: {stats.rebuilt_because}")
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(stats.skipped.items())) or "none"
-    rate = stats.chunks_embedded / stats.seconds if stats.seconds else 0.0
+    if stats.files_duplicate:
+        skipped += f", {stats.files_duplicate} identical copies of another file"
+    rate = stats.chunks_embedded / (stats.seconds - stats.parse_seconds or 1.0)
     click.echo(
         f"indexed {stats.files} files ({stats.files_changed} new or changed, {stats.files_removed} removed) "
-        f"into {stats.chunks} chunks in {s.index_dir}; embedded {stats.chunks_embedded} "
-        f"in {stats.seconds:.1f} s ({rate:.0f} chunks/s); skipped: {skipped}"
+        f"into {stats.chunks} chunks in {s.index_dir}; read in {stats.parse_seconds:.1f} s, embedded "
+        f"{stats.chunks_embedded} in {stats.seconds - stats.parse_seconds:.1f} s ({rate:.0f} chunks/s); "
+        f"skipped: {skipped}"
     )
 
 
