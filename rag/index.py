@@ -17,7 +17,8 @@ whole. The manifest records the embedding model and a fingerprint of it (its
 vector for a fixed probe sentence), so an index is never queried through a
 different model. Nothing read back is ever unpickled. An index of format 1 (no
 offsets, no lexical folder) is still read, eagerly, and its BM25 built in memory;
-the next `rag index` rewrites it as format 2 without embedding anything again.
+the next `rag index` rewrites it as format 2, embedding only the chunks whose text
+changed (a chunk is keyed by a hash of its path, heading and text).
 """
 
 from __future__ import annotations

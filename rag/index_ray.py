@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,26 @@ class _Embed:
         return {"i": batch["i"], "vector": self.client.embed(texts, batch_size=len(texts), workers=1)}
 
 
+def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why HOST:PORT (or ray://HOST:PORT) takes no TCP connection; None if it does or if
+    the address is not of that form (`auto` and friends are left to Ray)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # a port that is not a number
+        return str(exc)
+    if not host or port is None:
+        return None
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 @dataclass
 class RayRunner:
     """Runs rag.index.build's parse and embed steps as Ray Data pipelines."""
@@ -82,20 +103,29 @@ class RayRunner:
         if self.address == "local":
             # A private instance, sized for indexing; it stops when the run ends.
             kwargs |= {"num_cpus": len(os.sched_getaffinity(0)), "object_store_memory": 512 * 1024**2}
+        elif (problem := _unreachable(self.address)) is not None:
+            raise ConfigError(self._unreached(problem))  # ray.init would retry for minutes
         try:
             ray.init(address=self.address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ConfigError(
-                f"could not reach the Ray cluster at {self.address!r} ({exc}); give its address as "
-                "`--ray ray://HEAD:10001` (or `auto` on a node of it), or `--ray` alone for a local Ray"
-            ) from exc
+            raise ConfigError(self._unreached(str(exc))) from exc
         self._started = True
+        import logging
+
         from ray.data import DataContext
 
+        for name in ("ray", "ray.data"):  # Ray Data's per-stage INFO lines would bury rag's progress
+            logging.getLogger(name).setLevel(logging.ERROR)
         ctx = DataContext.get_current()
         ctx.execution_options.preserve_order = True  # the same chunk order as a local build
         ctx.enable_progress_bars = False  # rag prints its own
         return self
+
+    def _unreached(self, why: str) -> str:
+        return (
+            f"could not reach the Ray cluster at {self.address!r} ({why}); give its address as "
+            "`--ray ray://HEAD:10001` (or `auto` on a node of it), or `--ray` alone for a local Ray"
+        )
 
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         import ray
@@ -122,14 +152,22 @@ class RayRunner:
         import ray
 
         rows = [{"i": i, "text": c.embed_text} for i, c in enumerate(chunks)]
-        ds: Any = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // (4 * self.batch_size)))
-        ds = ds.map_batches(
-            _Embed,
-            fn_constructor_kwargs={"settings": self.settings},
-            batch_size=self.batch_size,
-            concurrency=self.embed_actors,
-            num_cpus=0.25,  # the work is the server's; an actor only waits on HTTP
-        )
+        blocks = max(self.embed_actors, len(rows) // (4 * self.batch_size))
+        ds: Any = ray.data.from_items(rows, override_num_blocks=min(len(rows), blocks))
+        with warnings.catch_warnings():
+            # Deprecated in Ray 2.60 (removed in 2.64; we pin 2.60.0). Without it Ray keeps the
+            # actors restartable and logs an error line about it on every run.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ds = ds.map_batches(
+                _Embed,
+                fn_constructor_kwargs={"settings": self.settings},
+                batch_size=self.batch_size,
+                compute=ray.data.ActorPoolStrategy(size=self.embed_actors),
+                num_cpus=0.25,  # the work is the server's; an actor only waits on HTTP
+                # An actor whose requests fail ends the run with the client's message; a
+                # restart would only repeat them (the client already retries what is worth it).
+                ray_remote_args_fn=lambda: {"max_restarts": 0},
+            )
         vectors: np.ndarray | None = None
         done = 0
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):

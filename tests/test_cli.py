@@ -203,6 +203,8 @@ def test_missing_index_says_to_run_rag_index(runner: CliRunner, tmp_path: Path, 
     ("args", "env", "needle"),
     [
         (["index", "nowhere/"], {}, "no such file or folder: nowhere"),
+        (["index", "corpus", "--tokenizer", "nowhere/"], {}, "no tokenizer.json at nowhere"),
+        (["index", "corpus"], {"RAG_TOKENIZER": "corpus"}, "pass the embedding model's folder"),
         (["eval", "missing.jsonl"], {}, "missing.jsonl not found"),
         (["ask", "q"], {"RAG_TOP_K": "many"}, "RAG_TOP_K='many' is not a whole number"),
         (["ask", "q"], {"RAG_RERANK_MODE": "best"}, "RAG_RERANK_MODE"),
@@ -229,3 +231,11 @@ def test_bad_qa_file_names_the_line(runner: CliRunner, tmp_path: Path) -> None:
 
 def test_overlap_not_below_chunk_size_is_misuse(runner: CliRunner) -> None:
     assert runner.invoke(main, ["index", "corpus", "--max-tokens", "64", "--overlap", "64"]).exit_code == 2
+
+
+def test_index_on_an_unreachable_ray_cluster_fails_at_once(runner: CliRunner) -> None:
+    port = free_port()  # nothing listens there
+    result = runner.invoke(main, ["index", "corpus", "--ray", f"ray://127.0.0.1:{port}"])
+    assert result.exit_code == 1
+    line = one_line_error(result.output)
+    assert f"could not reach the Ray cluster at 'ray://127.0.0.1:{port}'" in line and "--ray" in line

@@ -238,9 +238,10 @@ def index(
         if ray_address:
             from rag.index_ray import RayRunner
 
-            err(f"indexing on Ray ({'a local instance' if ray_address == 'local' else ray_address})")
             runner = context = RayRunner(s, ray_address, embed_actors=embed_actors)
         with context:
+            if ray_address:
+                err(f"indexing on Ray ({'a local instance' if ray_address == 'local' else ray_address})")
             stats = build(
                 list(paths), s.index_dir, client, s.embed_model, chunker=chunker, runner=runner,
                 progress=_progress("embedding chunks"), parse_progress=_progress("reading files"),
