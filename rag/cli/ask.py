@@ -251,9 +251,10 @@ def index(
         return
     if stats.rebuilt_because:
         err(f"rebuilt from scratch: {stats.rebuilt_because}")
-    skipped = ", ".join(f"{n} {why}" for why, n in sorted(stats.skipped.items())) or "none"
+    reasons = [f"{n} {why}" for why, n in sorted(stats.skipped.items())]
     if stats.files_duplicate:
-        skipped += f", {stats.files_duplicate} identical copies of another file"
+        reasons.append(f"{stats.files_duplicate} identical copies of another file")
+    skipped = ", ".join(reasons) or "none"
     rate = stats.chunks_embedded / (stats.seconds - stats.parse_seconds or 1.0)
     click.echo(
         f"indexed {stats.files} files ({stats.files_changed} new or changed, {stats.files_removed} removed) "
