@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from rag.answer import NOT_COVERED, Source, build_messages, cited, format_sources, sources_from
 from rag.chunk import Chunk
 from rag.guard import check, parse_qwen3guard
-from rag.retrieve import BM25, Hit, dense, rrf
+from rag.retrieve import BM25, Hit, _top, dense, rrf
 
 
 def _chunk(cid: str, text: str, path: str = "a.md") -> Chunk:
@@ -33,6 +35,22 @@ def test_dense_ranks_by_cosine() -> None:
     vectors = np.eye(3, dtype=np.float32)
     hits = dense(CHUNKS, vectors, np.array([0.1, 0.9, 0.0], dtype=np.float32), 2)
     assert [h.chunk.id for h in hits] == ["c2", "c1"] and hits[0].dense == pytest.approx(0.9)
+
+
+def _full_sort(scores: np.ndarray) -> list[int]:
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+
+
+def test_top_k_is_a_full_sort_cut_to_k_with_ties_in_index_order() -> None:
+    scores = np.random.default_rng(0).integers(0, 50, 2_000).astype(np.float32)  # many ties
+    full = _full_sort(scores)
+    kth = scores[full[19]]
+    top = _top(scores, 20)
+    # members tied with the 20th score may be any of them; the rest and the order are fixed
+    assert [scores[i] for i in top] == [scores[i] for i in full[:20]]
+    assert [i for i in top if scores[i] > kth] == [i for i in full[:20] if scores[i] > kth]
+    assert all(a < b for a, b in itertools.pairwise(top) if scores[a] == scores[b])
+    assert _top(scores[:5], 20) == _full_sort(scores[:5]) and _top(scores, 0) == []
 
 
 def test_rrf_rewards_agreement_and_keeps_both_scores() -> None:
