@@ -50,8 +50,8 @@ _BOILERPLATE = ", ".join(
         "a.headerlink, a.hash-link, a.anchor, a.anchorjs-link, a.permalink, a.heading-anchor",
         # Sphinx chrome
         "div.related, div.sphinxsidebar, div.sphinxsidebarwrapper, div.footer, div.rst-footer-buttons",
-        "div.wy-breadcrumbs, div[role=navigation], div.prev-next-area, div.bottom-of-page",
-        "a.headerlink, div.clearer, div.highlight-default > span.copybutton",
+        "div.wy-breadcrumbs, div.prev-next-area, div.bottom-of-page, div.clearer",
+        "div.highlight-default > span.copybutton",
         # DocBook (PostgreSQL and many GNU manuals), Asciidoctor, Doxygen, Javadoc
         "div.navheader, div.navfooter, div.toc, #toc, #footer, #header-text, div.header, div.navbar",
         "div.top-nav, div.sub-nav, div.bottom-nav, div.breadcrumbs, ul.breadcrumb, .md-source-file",

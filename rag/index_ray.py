@@ -98,8 +98,11 @@ class RayRunner:
 
         if ray.is_initialized():
             return self
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-        kwargs["logging_level"] = "ERROR"
+        kwargs: dict[str, Any] = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": "ERROR",
+        }
         if self.address == "local":
             # A private instance, sized for indexing; it stops when the run ends.
             kwargs |= {"num_cpus": len(os.sched_getaffinity(0)), "object_store_memory": 512 * 1024**2}
