@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 from collections.abc import Iterator
@@ -19,10 +20,33 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOT_TIMEOUT_S = float(os.environ.get("RAG_TEST_BOOT_TIMEOUT_S", "900"))
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now that stays free until the caller binds it: below the kernel's
+    ephemeral range, where bind(0) and outgoing connections (Ray's own, during its boot)
+    take ports from, and above Ray's worker ports (10002-19999). Never the same one twice."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low < 21000:  # a kernel with a wide ephemeral range: let it choose
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    for _ in range(200):
+        port = random.randrange(20000, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port in 20000-{low - 1}")
 
 
 def report(request: pytest.FixtureRequest, line: str) -> None:

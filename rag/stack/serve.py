@@ -147,13 +147,88 @@ def _stop(log: Log) -> None:
     except Exception as exc:  # still shut Ray down below
         log(f"  serve.shutdown failed: {exc}")
     ray.shutdown()
-    alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    ended = _end(tree)
+    log(f"stopped{f' (ended {ended} leftover processes)' if ended else ''}")
+
+
+def _end(tree: list[Any]) -> int:
+    """Terminate (then kill) the processes of `tree` still running; how many were."""
+    import psutil
+
+    alive = []
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
     for p in alive:
-        p.terminate()
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
     _, still = psutil.wait_procs(alive, timeout=10)
     for p in still:
-        p.kill()
-    log(f"stopped{f' (ended {len(alive)} leftover processes)' if alive else ''}")
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return len(alive)
+
+
+RAY_START_TRIES = 2
+# "[2026-12-03 09:42:38,221 E 28783 28813] (raylet) agent_manager.cc:87: The raylet exited ..."
+_RAY_ERROR = re.compile(r"^\[[\d:, -]+ [EF] \d+ \d+\] \(\w+\) \S+:\d+: (.+)")
+
+
+def _ray_start_failure(metrics_port: int | None) -> str:
+    """Why the node of a failed ray.init did not come up, read from its session's logs."""
+    agent = RAY_LOGS / "dashboard_agent.log"
+    if metrics_port and agent.exists() and "Address already in use" in agent.read_text(errors="replace"):
+        return f"Ray's metrics agent could not bind port {metrics_port} (--metrics-port)"
+    raylet = RAY_LOGS / "raylet.out"
+    if raylet.exists():
+        lines = raylet.read_text(errors="replace").splitlines()
+        errors = [m.group(1) for m in map(_RAY_ERROR.match, lines) if m]
+        if errors:
+            return f"raylet: {errors[-1]}"
+    return ""
+
+
+def _start_ray(num_cpus: int, host: str, metrics_port: int | None, log: Log) -> None:
+    """Start the private local Ray cluster; one more try if its node does not come up.
+
+    Ray gives a new node 30 s to register, then raises. It misses that when one of its
+    agents cannot bind its port (--metrics-port taken after our check, even by a port
+    Ray bound for itself meanwhile) or on a stalled machine. The failed try's processes
+    are ended before the next, and the error names the cause found in Ray's logs.
+    """
+    import psutil
+    import ray
+
+    for attempt in range(1, RAY_START_TRIES + 1):
+        try:
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                # Ray's metrics agent serves every process's metrics here; None: a random port.
+                _metrics_export_port=metrics_port,
+                log_to_driver=False,  # engine logs go to Ray's session folder, not the terminal
+                logging_level=logging.WARNING,
+            )
+            return
+        except (TypeError, ValueError):  # our arguments, not the machine: no second try
+            raise
+        except Exception as exc:  # Ray raises a bare Exception for a node that did not come up
+            why = _ray_start_failure(metrics_port) or str(exc).split(". ")[0]
+            ray.shutdown()
+            _end(psutil.Process().children(recursive=True))
+            holder = port_holder(host, metrics_port) if metrics_port else None
+            if holder is not None:
+                raise ServeError(
+                    f"Ray did not start ({why}); port {metrics_port} is taken ({holder}): stop that "
+                    "process or pick another port with --metrics-port (or RAG_METRICS_PORT; 0 turns "
+                    "metrics off)"
+                ) from exc
+            if attempt == RAY_START_TRIES:
+                raise ServeError(
+                    f"Ray did not start, {RAY_START_TRIES} tries: {why} (logs: {RAY_LOGS})"
+                ) from exc
+            log(f"Ray did not start ({why}); trying once more")
 
 
 class _Stop(Exception):
@@ -195,21 +270,13 @@ def serve_forever(
     os.environ.update(OFFLINE_ENV)
     os.environ["RAG_PROFILE"] = profile
 
-    import ray
     from ray import serve
 
     start = time.monotonic()
     log(f"starting Ray ({num_cpus} logical CPUs) and Serve on {host}:{port} [profile {profile}]")
     if profile == "cpu":
         log(hardware.detect().describe())
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        # Ray's metrics agent serves every process's metrics here; None: a random port.
-        _metrics_export_port=metrics_port or None,
-        log_to_driver=False,  # engine logs go to Ray's session folder, not the terminal
-        logging_level=logging.WARNING,
-    )
+    _start_ray(num_cpus, host, metrics_port or None, log)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # per-deployment option dumps
     try:
         logs = RAY_LOGS
