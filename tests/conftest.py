@@ -24,9 +24,9 @@ _HANDED_OUT: set[int] = set()
 
 
 def free_port() -> int:
-    """A port free now that stays free until the caller binds it: below the kernel's
-    ephemeral range, where bind(0) and outgoing connections (Ray's own, during its boot)
-    take ports from, and above Ray's worker ports (10002-19999). Never the same one twice."""
+    """A port free now, chosen where nothing else draws ports from meanwhile: below the
+    kernel's ephemeral range (bind(0) and outgoing connections, Ray's own during its boot,
+    take theirs there) and above Ray's worker ports (10002-19999). Never the same one twice."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
