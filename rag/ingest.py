@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SUPPORTED", "Document", "Scan", "Section", "load", "scan"]
+__all__ = ["SUPPORTED", "Document", "Scan", "Section", "load", "require_paths", "scan"]
 
 SUPPORTED = (".md", ".markdown", ".txt", ".rst", ".html", ".htm", ".pdf")
 
@@ -61,14 +61,19 @@ class Scan:
     skipped: Counter[str] = field(default_factory=Counter)
 
 
-def scan(paths: Iterable[Path]) -> tuple[Path, Scan]:
-    """Walk folders (recursively) and files; returns the common root and the scan."""
-    paths = [p.expanduser() for p in paths]
-    missing = [str(p) for p in paths if not p.exists()]
+def require_paths(paths: Iterable[Path]) -> None:
+    """ConfigError naming every path given that does not exist."""
+    missing = [str(p) for p in paths if not p.expanduser().exists()]
     if missing:
         from rag.errors import ConfigError
 
         raise ConfigError(f"no such file or folder: {', '.join(missing)}")
+
+
+def scan(paths: Iterable[Path]) -> tuple[Path, Scan]:
+    """Walk folders (recursively) and files; returns the common root and the scan."""
+    paths = [p.expanduser() for p in paths]
+    require_paths(paths)
     resolved = [p.resolve() for p in paths]
     root = resolved[0] if len(resolved) == 1 and resolved[0].is_dir() else _common_root(resolved)
     result = Scan()

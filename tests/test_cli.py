@@ -239,3 +239,32 @@ def test_index_on_an_unreachable_ray_cluster_fails_at_once(runner: CliRunner) ->
     assert result.exit_code == 1
     line = one_line_error(result.output)
     assert f"could not reach the Ray cluster at 'ray://127.0.0.1:{port}'" in line and "--ray" in line
+
+
+class _Facts:
+    def __init__(self, source: str | None) -> None:
+        self.source = source
+
+    def facts(self) -> dict[str, dict[str, str]]:
+        return {"embed": {"source": self.source}} if self.source else {"embed": {}}
+
+
+def test_index_counts_with_the_tokenizer_of_the_source_the_server_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag.cli.ask import _served_tokenizer
+
+    folder = tmp_path / "all-minilm"  # the CPU profile: a prepared folder
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    snapshot = tmp_path / "hf" / "hub" / "models--BAAI--bge-small-en-v1.5" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)  # the GPU profile: a hub name, in the Hugging Face cache
+    (snapshot / "tokenizer.json").write_text("{}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert _served_tokenizer(_Facts(str(folder)), "embed") == str(folder / "tokenizer.json")
+    assert _served_tokenizer(_Facts("BAAI/bge-small-en-v1.5"), "embed") == str(snapshot / "tokenizer.json")
+    assert capsys.readouterr().err == ""
+    assert _served_tokenizer(_Facts("BAAI/bge-base-en-v1.5"), "embed") is None
+    assert "(BAAI/bge-base-en-v1.5): chunk sizes are estimated (pass --tokenizer)" in capsys.readouterr().err
+    assert _served_tokenizer(_Facts(None), "embed") is None
+    assert "(no source listed)" in capsys.readouterr().err

@@ -30,6 +30,8 @@ def indexed(env: dict[str, str]) -> dict[str, str]:
     stats = json.loads(result.stdout)  # progress went to stderr
     assert stats["files"] == len(list((ROOT / "corpus").glob("*.md")))
     assert stats["chunks_embedded"] == stats["chunks"] > 20
+    # sizes counted with the served embedding model's own tokenizer, found from /v1/models
+    assert stats["counted_with"].startswith("tokenizer:") and stats["counted_with"].endswith("tokenizer.json")
     return env
 
 

@@ -17,8 +17,10 @@ from rag.cli._common import CONTEXT, err, friendly, main
 from rag.client import StackClient
 from rag.errors import ConfigError
 from rag.guard import GUARD_FORMATS
+from rag.ingest import require_paths
 from rag.pipeline import MODES, RERANK_MODES, Answer, Pipeline
 from rag.retrieve import Hit
+from rag.served import FactsClient
 from rag.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -106,31 +108,43 @@ def _open(s: Settings) -> tuple[StackClient, Pipeline]:
     return client, Pipeline(s, client, index)
 
 
-def _tokenizer(path: Path | None) -> str | None:
-    """The embedding model's tokenizer.json: the one given, else the prepared CPU model's,
-    else the GPU profile's from the Hugging Face cache; None (the estimate) if none is here."""
+def _given_tokenizer(path: Path) -> str:
+    """The tokenizer.json that --tokenizer names (a file or its model's folder)."""
+    from rag.chunk import Tokens
+
+    found = Tokens.find([path.expanduser()])
+    if found is None:
+        raise ConfigError(
+            f"no tokenizer.json at {path}; pass the embedding model's folder or its tokenizer.json "
+            "(or leave --tokenizer out to use the served embedding model's)"
+        )
+    return str(found)
+
+
+def _served_tokenizer(client: FactsClient, embed_model: str) -> str | None:
+    """The tokenizer.json of the model the server embeds with, found on this machine.
+
+    The server lists each model's source in /v1/models (metadata.rag.source): a folder
+    (the CPU profile's prepared model) or a hub name, looked up in the Hugging Face
+    cache. None, said on stderr, when neither is here: sizes are then estimated."""
     import os
 
     from rag.chunk import Tokens
-    from rag.settings import default_models_dir
-    from rag.stack.prepare import MODEL_SETS
 
-    if path is not None:
-        found = Tokens.find([path.expanduser()])
-        if found is None:
-            raise ConfigError(
-                f"no tokenizer.json at {path}; pass the embedding model's folder or its tokenizer.json "
-                "(or leave --tokenizer out to use the prepared model's)"
-            )
-        return str(found)
-    model_set = MODEL_SETS.get(os.environ.get("RAG_CPU_MODELS", "qwen"), MODEL_SETS["qwen"])
-    hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
-    candidates = [
-        default_models_dir() / model_set["embed"],
-        *sorted(hub.glob("models--BAAI--bge-small-en-v1.5/snapshots/*")),
-    ]
-    found = Tokens.find(candidates)
-    return str(found) if found else None
+    source = client.facts().get(embed_model, {}).get("source")
+    found = None
+    if isinstance(source, str) and source:
+        folder = Path(source).expanduser()
+        hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+        cached = f"models--{source.replace('/', '--')}/snapshots/*"
+        found = Tokens.find([folder] if folder.is_dir() else sorted(hub.glob(cached)))
+    if found is None:
+        err(
+            f"no tokenizer.json here for the served `{embed_model}` model ({source or 'no source listed'}): "
+            "chunk sizes are estimated (pass --tokenizer)"
+        )
+        return None
+    return str(found)
 
 
 @main.command(context_settings=CONTEXT)
@@ -162,7 +176,8 @@ def _tokenizer(path: Path | None) -> str | None:
     show_envvar=True,
     default=None,
     help="The embedding model's tokenizer.json (or its folder), to count chunk sizes "
-    "[default: the prepared embedding model's; an estimate if none is found].",
+    "[default: that of the model the server embeds with, by the source /v1/models lists; "
+    "an estimate if it is not on this machine].",
 )
 @click.option(
     "-j",
@@ -229,9 +244,8 @@ def index(
             raise ConfigError("say what to index: `rag index PATH` (no ./corpus here to default to)")
         paths = (Path("corpus"),)
     s = _settings(base_url, api_key, index_dir)
-    chunker = Chunker(max_tokens, overlap, _tokenizer(tokenizer))
-    if chunker.tokenizer is None:
-        err("no tokenizer.json for the embedding model here: chunk sizes are estimated (pass --tokenizer)")
+    require_paths(paths)  # a wrong path is told before any server is asked
+    given = _given_tokenizer(tokenizer) if tokenizer else None
     with StackClient(s, on_wait=err) as client:
         runner: Runner = LocalRunner(client, parse_workers=jobs)
         context: Any = nullcontext()
@@ -242,6 +256,7 @@ def index(
         with context:
             if ray_address:
                 err(f"indexing on Ray ({'a local instance' if ray_address == 'local' else ray_address})")
+            chunker = Chunker(max_tokens, overlap, given or _served_tokenizer(client, s.embed_model))
             stats = build(
                 list(paths), s.index_dir, client, s.embed_model, chunker=chunker, runner=runner,
                 progress=_progress("embedding chunks"), parse_progress=_progress("reading files"),

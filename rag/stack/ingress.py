@@ -454,6 +454,11 @@ def _app() -> FastAPI:
     return app
 
 
+def _source(config: LLMConfig) -> str:
+    loading = config.model_loading_config  # a ModelLoadingConfig once LLMConfig has validated it
+    return str(loading["model_source"] if isinstance(loading, dict) else loading.model_source)
+
+
 def build_app(configs: Mapping[str, LLMConfig], facts: Mapping[str, Mapping[str, str]]) -> Application:
     """The Serve application: one deployment per config behind a RagIngress.
 
@@ -469,6 +474,8 @@ def build_app(configs: Mapping[str, LLMConfig], facts: Mapping[str, Mapping[str,
             overrides={
                 "rag": {
                     "role": role_of[c.model_id],
+                    # where its weights and tokenizer come from: a hub name or a local folder
+                    "source": _source(c),
                     **facts.get(role_of[c.model_id], {}),
                     "limits": limits[c.model_id].as_dict(),
                 }
