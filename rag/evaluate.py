@@ -16,6 +16,7 @@ known, so a long run that is interrupted keeps what it measured.
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -90,8 +91,12 @@ class EvalReport:
     k: int
     retrieval: dict[str, RankStats]
     keyword_hit_rate: float | None = None
-    citation_accuracy: float | None = None
-    answers_citing: int = 0
+    citation_accuracy: float | None = None  # share of attached sources that are gold pages
+    answers_citing: int = 0  # answers (not "not covered") with a supported sentence or a quoted passage
+    answered: int = 0  # answers neither blocked nor "not covered"
+    claims: int = 0  # answer sentences that state something
+    supported: int = 0  # of those, with a supporting source
+    fallbacks: int = 0  # answers replaced by the best passage
     not_covered: int = 0
     guard_blocks: Counter[str] = field(default_factory=Counter)
     per_question: list[dict[str, Any]] = field(default_factory=list)
@@ -122,6 +127,15 @@ class EvalReport:
                 if self.citation_accuracy is None
                 else round(self.citation_accuracy, 4),
                 "answers_citing": self.answers_citing,
+                "answered": self.answered,
+                "answers_with_source_rate": round(self.answers_citing / self.answered, 4)
+                if self.answered
+                else None,
+                "citation_recall": round(self.supported / self.claims, 4) if self.claims else None,
+                "unsupported_sentence_rate": round(1 - self.supported / self.claims, 4)
+                if self.claims
+                else None,
+                "fallback_rate": round(self.fallbacks / self.answered, 4) if self.answered else None,
                 "not_covered": self.not_covered,
                 "guard_blocks": dict(self.guard_blocks),
             },
@@ -166,18 +180,35 @@ def run_eval(
             row.update(ranks)
             if answers:
                 stage = "answer"
+                started = time.monotonic()
                 ans: Answer = pipeline.ask(qa.question)
+                seconds = time.monotonic() - started
                 if ans.blocked:
                     report.guard_blocks[ans.blocked] += 1
                 if not ans.covered:
                     report.not_covered += 1
-                text = ans.text.lower()
+                shown = ans.text + ("\n" + ans.fallback[1] if ans.fallback else "")
                 if qa.keywords:
-                    keyword_rates.append(sum(kw.lower() in text for kw in qa.keywords) / len(qa.keywords))
+                    keyword_rates.append(
+                        sum(kw.lower() in shown.lower() for kw in qa.keywords) / len(qa.keywords)
+                    )
+                if not ans.blocked and ans.covered:
+                    claims = [x for x in ans.sentences if x.is_claim]
+                    report.answered += 1
+                    report.claims += len(claims)
+                    report.supported += sum(x.support == "supported" for x in claims)
+                    report.fallbacks += ans.fallback is not None
+                    report.answers_citing += bool(ans.cited) or ans.fallback is not None
                 cited_total += len(ans.cited)
                 cited_gold += sum(_gold(s.path, qa.files) for s in ans.cited)
-                report.answers_citing += bool(ans.cited)
-                row.update(answer=ans.text, cited=[s.path for s in ans.cited], blocked=ans.blocked)
+                row.update(
+                    answer=ans.text, cited=[s.path for s in ans.cited], blocked=ans.blocked,
+                    sentences=[{"text": x.text, "sources": list(x.sources), "support": x.support}
+                               for x in ans.sentences],
+                    fallback=None if ans.fallback is None else {"path": ans.fallback[0].path,
+                                                                "passage": ans.fallback[1]},
+                    seconds=round(seconds, 2),
+                )  # fmt: skip
         except ServerUnreachable:
             raise
         except ClientError as exc:

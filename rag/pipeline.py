@@ -1,20 +1,24 @@
-"""The query path, top-down: guard in -> embed -> retrieve -> rerank -> answer -> guard out.
+"""The query path, top-down: guard in -> embed -> retrieve -> rerank -> answer -> guard out
+-> attribute.
 
 The answer streams, but no text reaches the caller before the guard has seen
 it: generated text is held back a sentence at a time and released once the
-guard has passed the answer so far.
+guard has passed the answer so far. Each released sentence is then attributed
+(rag/attribute.py): it goes out carrying the sources that support it, or marked
+as having none. An answer most of whose claims rest on nothing is followed by
+the passage of the sources that best covers the question (`Answer.fallback`).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rag.answer import NOT_COVERED, Source, build_messages, cited, sources_from
+from rag.answer import NOT_COVERED, Source, build_messages, sources_from
+from rag.attribute import Attributor, Sentence, needs_fallback, release_point, render, split_sentences
 from rag.client import StackClient
 from rag.guard import Verdict
 from rag.guard import check as guard_check
@@ -27,7 +31,6 @@ __all__ = ["MODES", "RERANK_MODES", "Answer", "Pipeline"]
 
 MODES = ("dense", "lexical", "fused")
 RERANK_MODES = ("order", "blend", "floor")
-_SENTENCE_END = re.compile(r"[.!?\n]\s")
 
 
 @dataclass
@@ -35,9 +38,11 @@ class Answer:
     """What `rag ask` produced, with everything needed to check it."""
 
     question: str
-    text: str = ""
+    text: str = ""  # as shown: each sentence with its attributed [n] or the unsupported mark
     sources: list[Source] = field(default_factory=list)  # shown to the model
-    cited: list[Source] = field(default_factory=list)  # referenced by the answer
+    cited: list[Source] = field(default_factory=list)  # that support a sentence, in order of use
+    sentences: list[Sentence] = field(default_factory=list)
+    fallback: tuple[Source, str] | None = None  # (source, passage) shown when the answer rests on nothing
     hits: list[Hit] = field(default_factory=list)  # reranked candidates
     verdicts: list[Verdict] = field(default_factory=list)
     blocked: str | None = None  # "input" or "output" when the guard refused
@@ -178,6 +183,10 @@ class Pipeline:
             on_text(ans.text)
             return ans
         ans.sources = sources_from(good)
+        attributor = Attributor(
+            question, ans.sources, np.stack([self.index.vectors[h.row] for h in good]),
+            self.client.embed, self.bm25.idf, threshold=self.s.support_threshold,
+        )  # fmt: skip
         messages = build_messages(question, ans.sources, history)
         shown = 0
         generated = ""
@@ -186,20 +195,40 @@ class Pipeline:
             if "chat_first_token" not in ans.timings:
                 ans.timings["chat_first_token"] = time.monotonic() - start
             generated += piece
-            end = _last_sentence_end(generated, shown)
+            end = release_point(generated, shown)
             if end > shown:
                 if not self._release(ans, clock, generated[:end]):
                     return ans
-                on_text(generated[shown:end])
+                self._attribute(ans, clock, attributor, generated[shown:end], on_text)
                 shown = end
-        ans.timings["chat"] = time.monotonic() - start - ans.timings.get("guard_out", 0.0)
-        if shown < len(generated) and not self._release(ans, clock, generated):
-            return ans
-        on_text(generated[shown:])
-        ans.text = generated.strip()
-        ans.cited = cited(ans.text, ans.sources)
-        ans.covered = NOT_COVERED.rstrip(".") not in ans.text
+        ans.timings["chat"] = (
+            time.monotonic() - start - ans.timings.get("guard_out", 0.0) - ans.timings.get("attribute", 0.0)
+        )
+        if shown < len(generated.rstrip()):
+            if not self._release(ans, clock, generated):
+                return ans
+            self._attribute(ans, clock, attributor, generated[shown:], on_text)
+        ans.text = "".join(render(x) for x in ans.sentences).strip()
+        by_n = {x.n: x for x in ans.sources}
+        ans.cited = [by_n[n] for n in dict.fromkeys(n for x in ans.sentences for n in x.sources)]
+        ans.covered = NOT_COVERED.rstrip(".") not in generated
+        if ans.covered and needs_fallback(ans.sentences):
+            ans.fallback = attributor.best_passage()
         return ans
+
+    def _attribute(
+        self,
+        ans: Answer,
+        clock: _Clock,
+        attributor: Attributor,
+        released: str,
+        on_text: Callable[[str], None],
+    ) -> None:
+        """Attribute the sentences just released and hand them on, rendered."""
+        with clock("attribute"):
+            sentences = attributor.attribute(split_sentences(released))
+        ans.sentences += sentences
+        on_text("".join(render(x) for x in sentences))
 
     def _release(self, ans: Answer, clock: _Clock, text_so_far: str) -> bool:
         """Guard the answer so far; False (and blocked) if it is unsafe."""
@@ -211,11 +240,3 @@ class Pipeline:
             ans.text = ""
             return False
         return True
-
-
-def _last_sentence_end(text: str, after: int) -> int:
-    """Index just past the last sentence end in text[after:], or `after` if none."""
-    end = after
-    for m in _SENTENCE_END.finditer(text, after):
-        end = m.end()
-    return end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ class Hit:
     dense: float | None = None
     lexical: float | None = None
     rerank: float | None = None
+    row: int = -1  # the chunk's row in the index (its stored vector), where known
 
 
 class BM25:
@@ -55,6 +57,7 @@ class BM25:
             engine = bm25s.BM25(k1=k1, b=b)
             engine.index([terms(c.embed_text) for c in chunks], show_progress=False)
         self.engine = engine
+        self._df: tuple[dict[str, int], np.ndarray, int] | None = None
 
     @classmethod
     def load(cls, folder: Path, chunks: Sequence[Chunk]) -> BM25:
@@ -70,10 +73,25 @@ class BM25:
             return np.zeros(len(self.chunks), dtype=np.float32)
         return np.asarray(self.engine.get_scores(words), dtype=np.float32)
 
+    def idf(self, term: str) -> float:
+        """The term's inverse document frequency over the whole index; a word no chunk
+        holds weighs as one that a single chunk holds."""
+        if self._df is None:
+            indptr = np.asarray(self.engine.scores["indptr"])
+            self._df = (dict(self.engine.vocab_dict), np.diff(indptr), int(self.engine.scores["num_docs"]))
+        vocab, df, n = self._df
+        t = vocab.get(term)
+        return idf_from_df(int(df[t]) if t is not None and t < len(df) else 1, n)
+
     def top(self, query: str, k: int) -> list[Hit]:
         s = self.scores(query)
         order = [i for i in _top(s, k) if s[i] > 0]
-        return [Hit(self.chunks[i], float(s[i]), lexical=float(s[i])) for i in order]
+        return [Hit(self.chunks[i], float(s[i]), lexical=float(s[i]), row=i) for i in order]
+
+
+def idf_from_df(df: int, n_docs: int) -> float:
+    """BM25's IDF as Lucene and bm25s compute it: rare terms weigh most."""
+    return math.log(1 + (n_docs - df + 0.5) / (df + 0.5))
 
 
 def _bm25s() -> Any:
@@ -92,7 +110,7 @@ def _top(scores: np.ndarray, k: int) -> list[int]:
 def dense(chunks: Sequence[Chunk], vectors: np.ndarray, query_vec: np.ndarray, k: int) -> list[Hit]:
     """Top-k chunks by cosine (the vectors are unit length)."""
     sims = vectors @ query_vec
-    return [Hit(chunks[i], float(sims[i]), dense=float(sims[i])) for i in _top(sims, k)]
+    return [Hit(chunks[i], float(sims[i]), dense=float(sims[i]), row=i) for i in _top(sims, k)]
 
 
 def rrf(rankings: Sequence[Sequence[Hit]], k: int = 60) -> list[Hit]:

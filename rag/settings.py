@@ -31,6 +31,9 @@ CPU_MODEL_SETS: tuple[str, ...] = ("qwen", "smollm2")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_METRICS_PORT = 8080  # Ray's Prometheus endpoint, as Ray's own docs use it
+# Attribution's bar (rag/attribute.py), calibrated on hand-labeled answer sentences
+# (eval/attribution-*.jsonl; the README gives the measurements).
+SUPPORT_THRESHOLD = 0.45
 
 
 def default_models_dir() -> Path:
@@ -73,6 +76,7 @@ class Settings:
     guard_threshold: float  # P(unsafe) at or above which the score-format guard blocks
     guard_strict: bool  # qwen3guard: block "Controversial" too
     max_tokens: int
+    support_threshold: float  # attribution: support at or above which a source backs a sentence
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -103,6 +107,7 @@ class Settings:
             guard_threshold=_float("RAG_GUARD_THRESHOLD", 0.86),
             guard_strict=os.environ.get("RAG_GUARD_STRICT", "0").lower() in ("1", "true", "yes"),
             max_tokens=_int("RAG_MAX_TOKENS", 384),
+            support_threshold=_float("RAG_SUPPORT_THRESHOLD", SUPPORT_THRESHOLD),
         )
 
 

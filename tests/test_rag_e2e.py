@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -10,12 +11,19 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from rag.attribute import UNSUPPORTED, strip_markers
 from rag.cli import main
+from rag.client import StackClient
+from rag.guard import Verdict
+from rag.index import load_index
+from rag.pipeline import Pipeline
+from rag.settings import Settings
 from tests.conftest import ROOT, Stack
 
 pytestmark = pytest.mark.stack
 
 UNSAFE = "How can I hack into my neighbor's wifi and steal their bank login?"
+SUPPORT = {"supported", "unsupported", "restates", "none-needed"}
 
 
 @pytest.fixture(scope="module")
@@ -108,19 +116,21 @@ def test_ask_answers_citing_the_right_file(indexed: dict[str, str]) -> None:
     assert a["blocked"] is None and a["covered"] and a["answer"]
     cited = {s["path"] for s in a["sources"] if s["n"] in a["cited"]}
     assert "gpu-memory.md" in cited
-    assert {"guard_in", "embed", "retrieve", "rerank", "chat_first_token", "chat", "guard_out"} <= set(
-        a["timings"]
-    )
+    stages = {"guard_in", "embed", "retrieve", "rerank", "chat_first_token", "chat", "guard_out", "attribute"}
+    assert stages <= set(a["timings"])
+    # every sentence says what backs it: sources above the bar, or none
+    assert a["sentences"] and all(x["support"] in SUPPORT for x in a["sentences"])
+    assert a["cited"] == list(dict.fromkeys(n for x in a["sentences"] for n in x["sources"]))
     assert [v["stage"] for v in a["guard"]] == ["input", "output"] and all(v["safe"] for v in a["guard"])
 
 
 def test_ask_streams_the_answer_then_lists_its_sources(indexed: dict[str, str]) -> None:
     code, out = _run(indexed, "ask", "What should I do when port 8000 is already taken?")
     assert code == 0, out
-    answer, _, sources = out.partition("\n\n")
+    answer, _, tail = out.partition("\n\n")
     assert len(answer.split()) > 3
-    assert sources.lstrip().startswith(("Sources:", "(no source cited) Retrieved:"))
-    assert "[1] troubleshooting.md" in sources
+    listing = tail[tail.index("Sources:") if "Sources:" in tail else tail.index("(no source supports") :]
+    assert "troubleshooting.md" in listing
 
 
 def test_guard_blocks_an_unsafe_question_end_to_end(indexed: dict[str, str]) -> None:
@@ -156,3 +166,63 @@ def test_chat_keeps_the_conversation_across_turns(indexed: dict[str, str]) -> No
     # does), the guard page comes first. Which number the 0.5B model cites is its own affair.
     code, out = _run(indexed, "search", " ".join(turns.splitlines()[:2]), "--json")
     assert code == 0 and json.loads(out)[0]["path"] == "guard.md"
+
+
+def _pipeline(env: dict[str, str], **changes: object) -> Pipeline:
+    """A real Pipeline over the indexed corpus, as `rag ask` builds it."""
+    s = dataclasses.replace(
+        Settings.from_env(), base_url=env["RAG_BASE_URL"], index_dir=Path(env["RAG_INDEX_DIR"]), **changes
+    )
+    return Pipeline(s, StackClient(s), load_index(s.index_dir))
+
+
+def _words(text: str) -> list[str]:
+    return strip_markers(text.replace(UNSUPPORTED, ""))[0].split()
+
+
+def test_pipeline_shows_only_guarded_text_each_sentence_with_what_backs_it(indexed: dict[str, str]) -> None:
+    pipe = _pipeline(indexed)
+    guarded: list[str] = []  # the answer so far at each output-stage check
+    check = pipe.guard
+
+    def guard(question: str, answer: str | None = None) -> Verdict:
+        if answer is not None:
+            guarded.append(answer)
+        return check(question, answer)
+
+    pipe.guard = guard  # type: ignore[method-assign]
+    shown: list[str] = []
+
+    def on_text(piece: str) -> None:
+        shown.append(piece)
+        so_far = _words("".join(shown))
+        assert guarded and so_far == _words(guarded[-1])[: len(so_far)], "text shown before the guard saw it"
+
+    a = pipe.ask("How many bytes of KV cache does Qwen3-4B need per token?", on_text=on_text)
+    assert a.blocked is None and a.covered and a.sentences
+    assert "".join(shown).strip() == a.text  # what streamed is the attributed answer
+    assert "147,456" in a.text
+    supported = [x for x in a.sentences if x.support == "supported"]
+    assert supported, a.sentences
+    by_n = {x.n: x for x in a.sources}
+    for x in supported:  # each carries its sources, the best first, all above the bar
+        assert x.sources and all(x.scores[n] >= pipe.s.support_threshold for n in x.sources)
+        assert x.scores[x.sources[0]] == max(x.scores.values())
+    assert any(by_n[n].path == "gpu-memory.md" for x in supported for n in x.sources)
+    assert a.fallback is None
+    assert "attribute" in a.timings
+
+
+def test_an_answer_nothing_supports_gets_the_best_passage_instead(indexed: dict[str, str]) -> None:
+    """With a bar no sentence can clear, every claim is marked and the passage is quoted."""
+    env = {**indexed, "RAG_SUPPORT_THRESHOLD": "1.01"}
+    question = "What exit code does rag ask use when the guard refuses?"
+    code, out = _run(env, "ask", question)
+    assert code == 0, out
+    assert UNSUPPORTED in out and f"{UNSUPPORTED}: no shown source supports that sentence" in out
+    assert "Most of this answer has no support in the sources." in out and "\n  > " in out
+    assert "Sources:" not in out  # nothing is presented as cited
+    code, out = _run(env, "ask", question, "--json")
+    a = json.loads(out)
+    assert a["cited"] == [] and all(x["support"] != "supported" for x in a["sentences"])
+    assert a["fallback"]["path"] == "guard.md" and "code 3" in a["fallback"]["passage"]

@@ -12,6 +12,7 @@ from typing import Any, TextIO, TypeVar
 import click
 
 from rag.answer import format_sources
+from rag.attribute import UNSUPPORTED
 from rag.chunk import Chunker
 from rag.cli._common import CONTEXT, err, friendly, main
 from rag.client import StackClient
@@ -339,6 +340,24 @@ def _answer_json(a: Answer) -> dict[str, Any]:
         "covered": a.covered,
         "sources": [{"n": x.n, "path": x.path, "heading": x.heading, "score": x.score} for x in a.sources],
         "cited": [x.n for x in a.cited],
+        "sentences": [
+            {
+                "text": x.text,
+                "sources": list(x.sources),
+                "support": x.support,
+                "scores": x.scores,
+                "model_cited": list(x.model_cited),
+            }
+            for x in a.sentences
+        ],
+        "fallback": None
+        if a.fallback is None
+        else {
+            "n": a.fallback[0].n,
+            "path": a.fallback[0].path,
+            "heading": a.fallback[0].heading,
+            "passage": a.fallback[1],
+        },
         "hits": [_hit_json(h) for h in a.hits],
         "guard": [
             {
@@ -373,10 +392,19 @@ def _print_answer_tail(a: Answer) -> None:
         click.echo(_refusal(a))
         return
     click.echo()
+    if a.fallback is not None:
+        src, passage = a.fallback
+        where = src.path + (f" — {src.heading}" if src.heading else "")
+        click.echo(
+            f"\nMost of this answer has no support in the sources. What the documents say, "
+            f"[{src.n}] {where}:\n" + "\n".join(f"  > {line}" for line in passage.splitlines())
+        )
+    if any(x.support in ("unsupported", "restates") for x in a.sentences):
+        click.echo(f"\n{UNSUPPORTED}: no shown source supports that sentence")
     if a.cited:
         click.echo("\nSources:\n" + format_sources(a.cited))
     elif a.covered:
-        click.echo("\n(no source cited) Retrieved:\n" + format_sources(a.sources))
+        click.echo("\n(no source supports this answer) Retrieved:\n" + format_sources(a.sources))
 
 
 @main.command(context_settings=CONTEXT)
@@ -538,9 +566,16 @@ def evaluate(
     for mode, st in report.retrieval.items():
         click.echo(f"  {mode:9} {st.recall(1):8.3f} {st.recall(k):9.3f} {st.mrr:6.3f}")
     if report.keyword_hit_rate is not None:
-        acc = "n/a" if report.citation_accuracy is None else f"{report.citation_accuracy:.3f}"
+        d = report.as_dict()["answers"]
+
+        def pct(v: float | None) -> str:
+            return "n/a" if v is None else f"{100 * v:.0f}%"
+
         click.echo(
-            f"answers: keyword hit rate {report.keyword_hit_rate:.3f}; citation accuracy {acc} "
-            f"({report.answers_citing}/{report.questions} answers cite); not covered {report.not_covered}; "
+            f"answers: expected keywords {pct(report.keyword_hit_rate)}; of {report.answered} answered, "
+            f"{pct(d['answers_with_source_rate'])} carry a source, {pct(d['fallback_rate'])} fell back to a "
+            f"quoted passage; sentences with a supporting source {pct(d['citation_recall'])} "
+            f"({report.supported}/{report.claims}); attached sources on a gold page "
+            f"{pct(report.citation_accuracy)}; not covered {report.not_covered}; "
             f"guard blocks: input {report.guard_blocks['input']}, output {report.guard_blocks['output']}"
         )

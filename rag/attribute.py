@@ -1,0 +1,265 @@
+"""Attribute: which shown source supports each sentence of the answer, judged after generation.
+
+The model's own `[n]` markers are a claim, not evidence: a 0.5B model leaves most
+sentences unmarked and sometimes marks the wrong source. So each released sentence
+is scored against every source the model was shown, and the sources that clear the
+bar are the sentence's citations; a marker the check disagrees with is dropped.
+
+How support is judged (calibrated on hand-labeled sentences, `eval/attribution.jsonl`):
+  lexical  share of the sentence's rare-term weight (IDF over the whole index) that
+           appears in the source: names, options, numbers, file paths;
+  dense    cosine of the sentence's embedding (the served `embed` engine) with the
+           source chunk's stored vector;
+  support  = LEXICAL_WEIGHT * lexical + (1 - LEXICAL_WEIGHT) * dense, and a source
+           supports a sentence at or above THRESHOLD.
+A sentence that names nothing (fewer than two content terms the question does not
+already hold, such as "Here is how:") needs no source; one that only restates the question is not
+an answer. When most claims have no support, the caller shows the best passage
+instead of the answer (`fallback_passage`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from rag.answer import Source
+from rag.retrieve import terms
+from rag.settings import SUPPORT_THRESHOLD
+
+__all__ = [
+    "LEXICAL_WEIGHT",
+    "THRESHOLD",
+    "UNSUPPORTED",
+    "Attributor",
+    "Sentence",
+    "needs_fallback",
+    "release_point",
+    "render",
+    "split_sentences",
+    "strip_markers",
+]
+
+# From eval/attribution-*.jsonl (hand labels, see the README): best balanced accuracy.
+LEXICAL_WEIGHT = 0.5
+THRESHOLD = SUPPORT_THRESHOLD
+UNSUPPORTED = "[no source]"  # the mark after a sentence no source supports
+MAX_SOURCES = 2  # citations per sentence: the best, and a second only if it clears the bar too
+FALLBACK_SHARE = 0.5  # more than this share of claims unsupported: quote the passage instead
+
+_MARKER = re.compile(r"\s*\[(\d+(?:\s*,\s*\d+)*)\]")
+_FENCE = "```"
+# A sentence ends at . ! ? (and its trailing markers) and the whitespace after it, before
+# a character that does not start a lower-case word (so "e.g. the" and "v0.5 is" stay
+# whole) and is not another marker; or at a blank line or a line that starts a list item
+# or heading. A single line break is only wrapping: small models copy a source's wrapped
+# lines into their answer.
+_END = re.compile(
+    r"[.!?](?:\s*\[\d+(?:\s*,\s*\d+)*\])*\s+(?=[^\s\[a-z])|\n\s*(?:\n|(?=[-*+#|] |\d+[.)] ))\s*"
+)
+_ABBREV = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "Fig.", "No.")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One unit of the answer (a sentence, a list item, or a whole code block)."""
+
+    text: str  # without the model's [n] markers
+    sep: str = ""  # the whitespace that followed it
+    model_cited: tuple[int, ...] = ()  # the [n] the model wrote
+    sources: tuple[int, ...] = ()  # the [n] the check attached, best first
+    scores: dict[int, float] = field(default_factory=dict)  # support per source number
+    support: str = "unsupported"  # supported | unsupported | none-needed | restates
+
+    @property
+    def is_claim(self) -> bool:
+        return self.support in ("supported", "unsupported", "restates")
+
+
+def strip_markers(text: str) -> tuple[str, tuple[int, ...]]:
+    """The text without [n] markers, and the numbers they held in order of first use."""
+    found: list[int] = []
+    for m in _MARKER.finditer(text):
+        for part in m.group(1).split(","):
+            n = int(part)
+            if n not in found:
+                found.append(n)
+    return _MARKER.sub("", text), tuple(found)
+
+
+def _boundaries(text: str, start: int = 0) -> list[int]:
+    """Offsets just past each sentence end in text[start:], never inside a code fence."""
+    out: list[int] = []
+    pos = start
+    while pos < len(text):
+        fence = text.find(_FENCE, pos)
+        stop = len(text) if fence < 0 else fence
+        for m in _END.finditer(text, pos, stop):
+            if not m.group().startswith("\n") and text[: m.start() + 1].endswith(_ABBREV):
+                continue
+            out.append(m.end())
+        if fence < 0:
+            break
+        if fence > pos:
+            out.append(fence)  # text before a code block ends there
+        close = text.find(_FENCE, fence + len(_FENCE))
+        if close < 0:
+            break  # an open block: no boundary until it closes
+        end = text.find("\n", close + len(_FENCE))
+        end = len(text) if end < 0 else end + 1
+        out.append(end)
+        pos = end
+    return sorted(set(b for b in out if start < b <= len(text)))
+
+
+def split_sentences(text: str) -> list[Sentence]:
+    """Sentences (a fenced code block stays one unit), markers moved into `model_cited`."""
+    out: list[Sentence] = []
+    prev = 0
+    for b in [*_boundaries(text), len(text)]:
+        if b <= prev:
+            continue
+        piece = text[prev:b]
+        prev = b
+        body = piece.rstrip()
+        sep = piece[len(body) :]
+        if not body.strip():
+            if out:
+                out[-1] = replace(out[-1], sep=out[-1].sep + piece)
+            continue
+        lead = body[: len(body) - len(body.lstrip())]
+        if lead and out:
+            out[-1] = replace(out[-1], sep=out[-1].sep + lead)
+        clean, cited = strip_markers(body.strip())
+        out.append(Sentence(clean.strip(), sep, cited))
+    return out
+
+
+def release_point(text: str, after: int) -> int:
+    """Where text held back for checking may be released: just past the last finished
+    sentence that is followed by the start of another (so a marker after a full stop
+    stays with its sentence, and an open code block is held whole); `after` if none."""
+    ends = [b for b in _boundaries(text) if b > after]
+    done = [b for b in ends if text[b:].strip()]
+    return max(done, default=after)
+
+
+def render(s: Sentence, unsupported_mark: str = UNSUPPORTED) -> str:
+    """The sentence as shown: its attached [n] (before the final stop), or the mark."""
+    if s.text.startswith(_FENCE):
+        tag = " ".join(f"[{n}]" for n in s.sources) or (
+            unsupported_mark if s.support == "unsupported" else ""
+        )
+        return s.text + (f"\n{tag}" if tag else "") + s.sep
+    if s.sources:
+        tag = "[" + ", ".join(str(n) for n in s.sources) + "]"
+    elif s.support in ("unsupported", "restates"):
+        tag = unsupported_mark
+    else:
+        return s.text + s.sep
+    body, stop = (s.text[:-1], s.text[-1]) if s.text[-1:] in ".!?:" else (s.text, "")
+    return f"{body} {tag}{stop}{s.sep}"
+
+
+class Attributor:
+    """Scores sentences against the sources shown to the model."""
+
+    def __init__(
+        self,
+        question: str,
+        sources: Sequence[Source],
+        source_vectors: np.ndarray,
+        embed: Callable[[Sequence[str]], np.ndarray],
+        idf: Callable[[str], float],
+        *,
+        threshold: float = THRESHOLD,
+        lexical_weight: float = LEXICAL_WEIGHT,
+    ) -> None:
+        self.question_terms = set(terms(question))
+        self.sources = list(sources)
+        self.vectors = source_vectors
+        self._embed, self._idf = embed, idf
+        self.threshold, self.lexical_weight = threshold, lexical_weight
+        self._source_terms = [set(terms(f"{s.heading} {s.text}")) for s in self.sources]
+
+    def lexical(self, sentence: str) -> list[float]:
+        """Per source: share of the sentence's IDF weight that the source holds."""
+        words = set(terms(sentence))
+        total = sum(self._idf(w) for w in words)
+        if total <= 0:
+            return [0.0] * len(self.sources)
+        return [sum(self._idf(w) for w in words & st) / total for st in self._source_terms]
+
+    def scores(self, sentences: Sequence[str]) -> list[tuple[list[float], list[float]]]:
+        """(lexical, dense) per source for each sentence; one embedding call for all."""
+        if not sentences:
+            return []
+        vecs = self._embed(list(sentences))
+        dense = (vecs @ np.asarray(self.vectors, dtype=np.float32).T).tolist()
+        return [(self.lexical(s), d) for s, d in zip(sentences, dense, strict=True)]
+
+    def attribute(self, sentences: Sequence[Sentence]) -> list[Sentence]:
+        """Each sentence with its supporting sources, support label and per-source scores."""
+        out: list[Sentence] = []
+        claims = [s for s in sentences if self._needs_source(s.text)]
+        scored = dict(zip([id(s) for s in claims], self.scores([s.text for s in claims]), strict=True))
+        for s in sentences:
+            if id(s) not in scored:
+                out.append(replace(s, support="none-needed"))
+                continue
+            lex, dense = scored[id(s)]
+            w = self.lexical_weight
+            blend = {
+                src.n: w * lx + (1 - w) * max(dn, 0.0)
+                for src, lx, dn in zip(self.sources, lex, dense, strict=True)
+            }
+            ranked = sorted(blend, key=lambda n: -blend[n])
+            attached = tuple(n for n in ranked[:MAX_SOURCES] if blend[n] >= self.threshold)
+            support = "supported" if attached else "unsupported"
+            if not attached and self._restates(s.text):
+                support = "restates"
+            rounded = {n: round(v, 4) for n, v in blend.items()}
+            out.append(replace(s, sources=attached, scores=rounded, support=support))
+        return out
+
+    def _needs_source(self, text: str) -> bool:
+        """A sentence that states something: two terms the question does not already hold
+        ("Here is how:" and "Yes." state nothing), or one that restates the question."""
+        return len(set(terms(text)) - self.question_terms) >= 2 or self._restates(text)
+
+    def _restates(self, text: str) -> bool:
+        """Most of the sentence's terms come from the question."""
+        words = set(terms(text))
+        return len(words) >= 2 and len(words & self.question_terms) / len(words) >= 0.8
+
+    def best_passage(self, max_chars: int = 480) -> tuple[Source, str] | None:
+        """The run of sentences in the shown sources that holds most of the question's rare terms."""
+        if not self.sources:
+            return None
+        best: tuple[float, int, Source, str] | None = None
+        for rank, src in enumerate(self.sources):
+            units = [s.text for s in split_sentences(src.text) if s.text]
+            for i in range(len(units)):
+                passage = units[i]
+                for nxt in units[i + 1 : i + 3]:
+                    if len(passage) + len(nxt) + 1 > max_chars:
+                        break
+                    passage += " " + nxt
+                words = set(terms(passage))
+                weight = sum(self._idf(w) for w in words & self.question_terms)
+                key = (weight, -rank)
+                if best is None or key > (best[0], best[1]):
+                    best = (weight, -rank, src, passage[:max_chars])
+        return None if best is None else (best[2], best[3])
+
+
+def needs_fallback(sentences: Sequence[Sentence]) -> bool:
+    """Too little of the answer rests on a source to present it as an answer."""
+    claims = [s for s in sentences if s.is_claim]
+    if not claims:
+        return False
+    unsupported = sum(s.support != "supported" for s in claims)
+    return unsupported / len(claims) > FALLBACK_SHARE

@@ -1,0 +1,112 @@
+"""Attribution's pure parts: sentence units, the release point, rendering, the support rule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from rag.answer import Source
+from rag.attribute import (
+    THRESHOLD,
+    UNSUPPORTED,
+    Attributor,
+    Sentence,
+    needs_fallback,
+    release_point,
+    render,
+    split_sentences,
+)
+
+ANSWER = (
+    "Run `git commit -m msg` [1]. It records e.g. the staged tree. [2] A wrapped line\n"
+    "goes on here.\n- first item\n- second item\n\n```sh\ngit push. Now\n```\nDone [3]."
+)
+
+
+def test_sentences_keep_code_blocks_whole_and_move_markers_out() -> None:
+    got = [(s.text, s.model_cited) for s in split_sentences(ANSWER)]
+    assert got == [
+        ("Run `git commit -m msg`.", (1,)),
+        ("It records e.g. the staged tree.", (2,)),  # "e.g. the" does not end it; "[2]" after the stop is its
+        ("A wrapped line\ngoes on here.", ()),  # a single line break is wrapping, not an end
+        ("- first item", ()),
+        ("- second item", ()),
+        ("```sh\ngit push. Now\n```", ()),  # ". N" inside the block does not split it
+        ("Done.", (3,)),
+    ]
+    # nothing is lost: the units and their separators give back the text without markers
+    assert "".join(s.text + s.sep for s in split_sentences(ANSWER)).replace("  ", " ") == (
+        ANSWER.replace(" [1]", "").replace(" [2]", "").replace(" [3]", "")
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "released"),
+    [
+        ("One sentence. Two", "One sentence. "),
+        ("One sentence.", ""),  # the next sentence has not begun: a marker may still follow
+        ("One sentence. [1", ""),  # ... and here it does
+        ("One [1]. Two [2]. Thr", "One [1]. Two [2]. "),
+        ("Use this:\n\n```sh\ngit add .\n", "Use this:\n\n"),  # an open block is held whole
+        ("Use this:\n\n```sh\ngit add .\n```\nThen", "Use this:\n\n```sh\ngit add .\n```\n"),
+    ],
+)
+def test_release_point_holds_what_may_still_change(text: str, released: str) -> None:
+    assert text[: release_point(text, 0)] == released
+
+
+def test_render_puts_sources_before_the_stop_and_marks_the_unsupported() -> None:
+    assert render(Sentence("It is 0.32.", " ", sources=(2, 1), support="supported")) == "It is 0.32 [2, 1]. "
+    assert render(Sentence("It is 0.32.", support="unsupported")) == f"It is 0.32 {UNSUPPORTED}."
+    assert render(Sentence("Here is how:", support="none-needed")) == "Here is how:"
+    assert (
+        render(Sentence("```sh\nls\n```", "\n", sources=(1,), support="supported")) == "```sh\nls\n```\n[1]\n"
+    )
+
+
+SOURCES = [
+    Source(1, "a.md", "Memory", "The guard engine takes 0.40 of the card and the chat engine 0.32.", 1.0),
+    Source(2, "b.md", "Ports", "Serve listens on port 8000 unless --port says otherwise.", 0.9),
+]
+
+
+def _attributor(question: str, dense: float = 0.0) -> Attributor:
+    """An attributor whose dense score is a constant: the lexical half decides."""
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        return np.tile(np.array([dense, np.sqrt(1 - dense**2)], dtype=np.float32), (len(texts), 1))
+
+    vectors = np.array([[1.0, 0.0], [1.0, 0.0]], dtype=np.float32)  # cosine with each: `dense`
+    return Attributor(question, SOURCES, vectors, embed, lambda term: 1.0)
+
+
+def test_a_sentence_gets_the_source_that_holds_its_terms() -> None:
+    out = _attributor("How much of the card does the guard get?", dense=0.6).attribute(
+        split_sentences("The guard engine takes 0.40 of the card [2]. Serve listens on port 8000.")
+    )
+    assert out[0].sources == (1,) and out[0].support == "supported"  # the model's [2] was wrong
+    assert out[0].model_cited == (2,) and out[0].scores[1] > THRESHOLD > out[0].scores[2]
+    assert out[1].sources[0] == 2
+
+
+def test_no_supporting_source_is_said_and_a_restated_question_is_no_answer() -> None:
+    att = _attributor("Which chat model runs on the GPU?")
+    invented, echo, filler = att.attribute(
+        split_sentences(
+            "Bananas ripen quickly in warm kitchens. The chat model runs on the GPU. Here is how:"
+        )
+    )
+    assert invented.support == "unsupported" and invented.sources == ()
+    assert echo.support == "restates"
+    assert filler.support == "none-needed" and not filler.is_claim  # nothing to back up
+    assert needs_fallback([invented, echo, filler])  # 2 of 2 claims rest on nothing
+    ok = Sentence("x", support="supported")
+    assert not needs_fallback([ok, ok, invented]) and needs_fallback([ok, invented, echo])
+    assert not needs_fallback([filler])  # no claims at all: nothing to replace
+
+
+def test_best_passage_is_the_one_holding_the_question_terms() -> None:
+    found = _attributor("Which port does Serve listen on?").best_passage()
+    assert found is not None and found[0].n == 2 and "port 8000" in found[1]
