@@ -17,19 +17,29 @@ __all__ = ["NOT_COVERED", "Source", "build_messages", "cited", "format_sources"]
 NOT_COVERED = "The indexed documents do not cover this question."
 
 SYSTEM = (
-    "Answer questions from the numbered sources only, in one to three sentences. Put the number "
-    "of the source after each sentence in square brackets. If the sources do not contain the "
-    f"answer, reply: {NOT_COVERED}"
+    "Answer the question from the numbered sources only, in at most three sentences. Name the "
+    "command, option, setting or value that answers it, in the words of the source, and put the "
+    "source's number in square brackets after every sentence. Do not repeat the question. If the "
+    f"sources do not contain the answer, reply exactly: {NOT_COVERED}"
 )
-# One worked example: small chat models copy a shown citation format far more reliably
-# than they follow a described one (dev set, Qwen2.5 0.5B: 5/10 answers cited vs 1/10).
+# One worked example: small chat models copy a shown format far more reliably than they
+# follow a described one (dev set, Qwen2.5 0.5B: 5/10 answers cited vs 1/10). It asks for a
+# goal without naming the option, as users do. Its answer is declarative and in the source's
+# words: a terse imperative one ("Run it with `--keep-logs`.") was copied word for word into
+# answers about other options.
 EXAMPLE = (
     {
         "role": "user",
-        "content": "Sources:\n[1] The cache lives in /var/cache/app and is cleared on restart.\n\n"
-        "[2] Logs are written to /var/log/app.log.\n\nQuestion: Where are the logs written?",
+        "content": "Sources:\n[1] app.html (OPTIONS)\n--keep-logs\n    Keep the log files after a "
+        "successful run. By default they are deleted when the run succeeds.\n\n"
+        "[2] app.html (FILES)\nLogs are written to /var/log/app.log.\n\n"
+        "Question: How do I stop the app from deleting its logs when it finishes?",
     },
-    {"role": "assistant", "content": "The logs are written to /var/log/app.log [2]."},
+    {
+        "role": "assistant",
+        "content": "The --keep-logs option keeps the log files after a successful run; by default they "
+        "are deleted when the run succeeds [1].",
+    },
 )
 
 _CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")

@@ -23,11 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag.answer import Source
+from rag.attribute import Attributor, Sentence
 from rag.errors import ClientError, ConfigError, ServerUnreachable
 from rag.pipeline import MODES, Answer, Pipeline
 from rag.retrieve import Hit
 
-__all__ = ["QA", "EvalReport", "load_qa", "run_eval"]
+__all__ = [
+    "QA",
+    "EvalReport",
+    "JudgeReport",
+    "LabeledSentence",
+    "judge_attribution",
+    "load_labeled",
+    "load_qa",
+    "run_eval",
+]
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,9 @@ class EvalReport:
     answered: int = 0  # answers neither blocked nor "not covered"
     claims: int = 0  # answer sentences that state something
     supported: int = 0  # of those, with a supporting source
-    fallbacks: int = 0  # answers replaced by the best passage
+    fallbacks: int = 0  # answers followed by the best passage, most of them resting on nothing
+    attached: int = 0  # sources attached to sentences
+    attached_gold: int = 0  # of those, on a gold page
     not_covered: int = 0
     guard_blocks: Counter[str] = field(default_factory=Counter)
     per_question: list[dict[str, Any]] = field(default_factory=list)
@@ -144,6 +157,37 @@ class EvalReport:
         }
 
 
+def _measure_answer(report: EvalReport, qa: QA, ans: Answer, keyword_rates: list[float]) -> dict[str, Any]:
+    """Count one answer into the report; its row for the results file."""
+    if ans.blocked:
+        report.guard_blocks[ans.blocked] += 1
+    if not ans.covered:
+        report.not_covered += 1
+    shown = ans.text + ("\n" + ans.fallback[1] if ans.fallback else "")  # what the user reads
+    if qa.keywords:
+        keyword_rates.append(sum(kw.lower() in shown.lower() for kw in qa.keywords) / len(qa.keywords))
+    if not ans.blocked and ans.covered:
+        claims = [x for x in ans.sentences if x.is_claim]
+        report.answered += 1
+        report.claims += len(claims)
+        report.supported += sum(x.support == "supported" for x in claims)
+        report.fallbacks += ans.fallback is not None
+        report.answers_citing += bool(ans.cited) or ans.fallback is not None
+    by_n = {s.n: s for s in ans.sources}
+    attached = [by_n[n] for x in ans.sentences for n in x.sources]
+    report.attached += len(attached)
+    report.attached_gold += sum(_gold(s.path, qa.files) for s in attached)
+    return {
+        "answer": ans.text,
+        "cited": [s.path for s in ans.cited],
+        "blocked": ans.blocked,
+        "sentences": [x.as_dict() for x in ans.sentences],
+        "fallback": None
+        if ans.fallback is None
+        else {"path": ans.fallback[0].path, "passage": ans.fallback[1]},
+    }
+
+
 def run_eval(
     pipeline: Pipeline,
     qas: Sequence[QA],
@@ -161,7 +205,6 @@ def run_eval(
     """
     stats = {mode: RankStats() for mode in (*MODES, "reranked")}
     keyword_rates: list[float] = []
-    cited_total = cited_gold = 0
     report = EvalReport(questions=len(qas), k=k, retrieval=stats)
     for i, qa in enumerate(qas):
         row: dict[str, Any] = {"question": qa.question}
@@ -183,32 +226,8 @@ def run_eval(
                 started = time.monotonic()
                 ans: Answer = pipeline.ask(qa.question)
                 seconds = time.monotonic() - started
-                if ans.blocked:
-                    report.guard_blocks[ans.blocked] += 1
-                if not ans.covered:
-                    report.not_covered += 1
-                shown = ans.text + ("\n" + ans.fallback[1] if ans.fallback else "")
-                if qa.keywords:
-                    keyword_rates.append(
-                        sum(kw.lower() in shown.lower() for kw in qa.keywords) / len(qa.keywords)
-                    )
-                if not ans.blocked and ans.covered:
-                    claims = [x for x in ans.sentences if x.is_claim]
-                    report.answered += 1
-                    report.claims += len(claims)
-                    report.supported += sum(x.support == "supported" for x in claims)
-                    report.fallbacks += ans.fallback is not None
-                    report.answers_citing += bool(ans.cited) or ans.fallback is not None
-                cited_total += len(ans.cited)
-                cited_gold += sum(_gold(s.path, qa.files) for s in ans.cited)
-                row.update(
-                    answer=ans.text, cited=[s.path for s in ans.cited], blocked=ans.blocked,
-                    sentences=[{"text": x.text, "sources": list(x.sources), "support": x.support}
-                               for x in ans.sentences],
-                    fallback=None if ans.fallback is None else {"path": ans.fallback[0].path,
-                                                                "passage": ans.fallback[1]},
-                    seconds=round(seconds, 2),
-                )  # fmt: skip
+                row.update(_measure_answer(report, qa, ans, keyword_rates))
+                row["seconds"] = round(seconds, 2)
         except ServerUnreachable:
             raise
         except ClientError as exc:
@@ -219,5 +238,106 @@ def run_eval(
         progress(i + 1, len(qas))
     if answers:
         report.keyword_hit_rate = sum(keyword_rates) / max(len(keyword_rates), 1)
-        report.citation_accuracy = cited_gold / cited_total if cited_total else None
+        report.citation_accuracy = report.attached_gold / report.attached if report.attached else None
+    return report
+
+
+# ---------------------------------------------------------------- the attribution judge
+
+
+@dataclass(frozen=True)
+class LabeledSentence:
+    """An answer sentence, the sources its answer was shown, and which of them a person
+    judged to support it (`supported_by`, empty when none does)."""
+
+    id: str
+    question: str
+    sentence: str
+    sources: tuple[Source, ...]
+    supported_by: frozenset[int]
+
+
+def load_labeled(path: Path) -> list[LabeledSentence]:
+    """Read hand-labeled sentences (eval/attribution-*.jsonl); ConfigError naming a bad line."""
+    if not path.is_file():
+        raise ConfigError(f"labeled sentences file {path} not found")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            sources = tuple(
+                Source(int(s["n"]), s["path"], s["heading"], s["text"], 0.0) for s in raw["sources"]
+            )
+            out.append(
+                LabeledSentence(
+                    str(raw["id"]), raw["question"], raw["sentence"], sources, frozenset(raw["supported_by"])
+                )
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"{path}:{n}: expected id, question, sentence, sources [{{n, path, heading, text}}] and "
+                f"supported_by [n, ...] ({exc})"
+            ) from exc
+    if not out:
+        raise ConfigError(f"{path} holds no labeled sentences")
+    return out
+
+
+@dataclass
+class JudgeReport:
+    """How the attribution rule agrees with a person's labels."""
+
+    sentences: int
+    labeled_supported: int
+    true_positive: int  # supported, and the rule attached a source
+    true_negative: int  # unsupported, and the rule attached none
+    attached: int  # sources the rule attached
+    attached_right: int  # of those, labeled as supporting their sentence
+    pair_auc: float  # support score of supporting vs other (sentence, source) pairs
+
+    def as_dict(self) -> dict[str, Any]:
+        unsupported = self.sentences - self.labeled_supported
+        return {
+            "sentences": self.sentences,
+            "labeled_supported": self.labeled_supported,
+            "accuracy": round((self.true_positive + self.true_negative) / self.sentences, 4),
+            "sensitivity": round(self.true_positive / self.labeled_supported, 4)
+            if self.labeled_supported
+            else None,
+            "specificity": round(self.true_negative / unsupported, 4) if unsupported else None,
+            "attached_precision": round(self.attached_right / self.attached, 4) if self.attached else None,
+            "pair_auc": round(self.pair_auc, 4),
+        }
+
+
+def judge_attribution(pipeline: Pipeline, labeled: Sequence[LabeledSentence]) -> JudgeReport:
+    """Attribute each labeled sentence as `rag ask` would (the index's IDF, the served
+    embedding engine) and compare with the labels. Only sentences that state something
+    count: those the rule lets pass as needing no source are left out."""
+    report = JudgeReport(0, 0, 0, 0, 0, 0, 0.0)
+    pos: list[float] = []
+    neg: list[float] = []
+    for row in labeled:
+        vectors = pipeline.client.embed(
+            [f"{s.heading}\n{s.text}" if s.heading else s.text for s in row.sources]
+        )
+        attributor = Attributor(
+            row.question, row.sources, vectors, pipeline.client.embed, pipeline.bm25.idf,
+            threshold=pipeline.s.support_threshold,
+        )  # fmt: skip
+        (got,) = attributor.attribute([Sentence(row.sentence)])
+        if not got.is_claim:
+            continue
+        report.sentences += 1
+        report.labeled_supported += bool(row.supported_by)
+        report.true_positive += bool(row.supported_by) and bool(got.sources)
+        report.true_negative += not row.supported_by and not got.sources
+        report.attached += len(got.sources)
+        report.attached_right += sum(n in row.supported_by for n in got.sources)
+        for n, score in got.scores.items():
+            (pos if n in row.supported_by else neg).append(score)
+    if pos and neg:
+        report.pair_auc = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
     return report

@@ -33,7 +33,7 @@ DEFAULT_PORT = 8000
 DEFAULT_METRICS_PORT = 8080  # Ray's Prometheus endpoint, as Ray's own docs use it
 # Attribution's bar (rag/attribute.py), calibrated on hand-labeled answer sentences
 # (eval/attribution-*.jsonl; the README gives the measurements).
-SUPPORT_THRESHOLD = 0.45
+SUPPORT_THRESHOLD = 0.72
 
 
 def default_models_dir() -> Path:

@@ -20,7 +20,8 @@ from rag.attribute import (
 )
 
 ANSWER = (
-    "Run `git commit -m msg` [1]. It records e.g. the staged tree. [2] A wrapped line\n"
+    'Run `git commit -m msg` [1]. It records e.g. the staged tree. [2] Subjects start "fixup! " or '
+    '"squash! " there. A wrapped line\n'
     "goes on here.\n- first item\n- second item\n\n```sh\ngit push. Now\n```\nDone [3]."
 )
 
@@ -30,6 +31,7 @@ def test_sentences_keep_code_blocks_whole_and_move_markers_out() -> None:
     assert got == [
         ("Run `git commit -m msg`.", (1,)),
         ("It records e.g. the staged tree.", (2,)),  # "e.g. the" does not end it; "[2]" after the stop is its
+        ('Subjects start "fixup! " or "squash! " there.', ()),  # nor does a quoted "!"
         ("A wrapped line\ngoes on here.", ()),  # a single line break is wrapping, not an end
         ("- first item", ()),
         ("- second item", ()),
@@ -89,6 +91,18 @@ def test_a_sentence_gets_the_source_that_holds_its_terms() -> None:
     assert out[0].sources == (1,) and out[0].support == "supported"  # the model's [2] was wrong
     assert out[0].model_cited == (2,) and out[0].scores[1] > THRESHOLD > out[0].scores[2]
     assert out[1].sources[0] == 2
+
+
+def test_the_models_own_marker_stays_where_the_check_agrees() -> None:
+    three = [*SOURCES, Source(3, "c.md", "", "The guard engine takes 0.40 of the card.", 0.8)]
+    att = Attributor("What is configured?", three, np.eye(2, dtype=np.float32)[[0, 0, 0]],
+                     lambda texts: np.tile(np.array([0.9, np.sqrt(0.19)], dtype=np.float32), (len(texts), 1)),
+                     lambda term: 1.0)  # fmt: skip
+    (s,) = att.attribute(split_sentences("The guard engine takes 0.40 of the card [3]."))
+    # [1] and [3] hold the same words; the best two go first, and the model's [3] is one of them
+    assert s.model_cited == (3,) and set(s.sources) == {1, 3}
+    (s,) = att.attribute(split_sentences("The guard engine takes 0.40 of the card [2]."))
+    assert 2 not in s.sources  # [2] says nothing of the kind: the model's marker goes
 
 
 def test_no_supporting_source_is_said_and_a_restated_question_is_no_answer() -> None:

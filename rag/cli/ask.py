@@ -340,16 +340,7 @@ def _answer_json(a: Answer) -> dict[str, Any]:
         "covered": a.covered,
         "sources": [{"n": x.n, "path": x.path, "heading": x.heading, "score": x.score} for x in a.sources],
         "cited": [x.n for x in a.cited],
-        "sentences": [
-            {
-                "text": x.text,
-                "sources": list(x.sources),
-                "support": x.support,
-                "scores": x.scores,
-                "model_cited": list(x.model_cited),
-            }
-            for x in a.sentences
-        ],
+        "sentences": [x.as_dict() for x in a.sentences],
         "fallback": None
         if a.fallback is None
         else {
@@ -415,7 +406,7 @@ def _print_answer_tail(a: Answer) -> None:
     "--json",
     "as_json",
     is_flag=True,
-    help="Answer, sources, scores, guard verdicts and per-stage timings as JSON.",
+    help="Answer, its sentences with their sources, scores, guard verdicts and per-stage timings as JSON.",
 )
 @friendly
 def ask(
@@ -426,10 +417,14 @@ def ask(
     mode: str | None,
     as_json: bool,
 ) -> None:
-    """Answer QUESTION from the index, with numbered citations.
+    """Answer QUESTION from the index, each sentence with the sources that back it.
 
     The guard checks the question first and the answer before it is shown;
-    a refusal names the stage and exits with code 3.
+    a refusal names the stage and exits with code 3. Every sentence then
+    carries the sources whose text supports it ([1], [2, 3]) or `[no source]`;
+    when most of an answer has no support, the passage of the sources that best
+    covers the question is quoted under it. --json lists each sentence with
+    its sources and support scores (RAG_SUPPORT_THRESHOLD sets the bar).
 
     \b
     Examples:
@@ -488,6 +483,12 @@ def chat(base_url: str | None, api_key: str | None, index_dir: Path | None, mode
 @click.option(
     "--answers/--no-answers", default=True, show_default=True, help="Also generate answers (slow on CPU)."
 )
+@click.option(
+    "--attribution",
+    is_flag=True,
+    help="QA_FILE holds hand-labeled answer sentences (eval/attribution-*.jsonl): report how the "
+    "attribution rule agrees with the labels, over --index's corpus.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
     "--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -501,10 +502,11 @@ def evaluate(
     index_dir: Path | None,
     k: int,
     answers: bool,
+    attribution: bool,
     as_json: bool,
     out: Path | None,
 ) -> None:
-    """Measure retrieval (recall@k, MRR) and answers (keywords, citations, guard blocks).
+    """Measure retrieval (recall@k, MRR) and answers (keywords, sources, guard blocks).
 
     QA_FILE is JSON lines: {"question": ..., "files": [gold paths], "keywords": [...]}.
     Works on any index and QA file.
@@ -519,11 +521,15 @@ def evaluate(
       rag eval eval/dev.jsonl
       rag eval my_qa.jsonl --no-answers --json
       rag eval my_qa.jsonl -o results/run1.jsonl
+      rag eval eval/attribution-git.jsonl --attribution --index .rag/git-doc
     """
     from rag.evaluate import load_qa, run_eval
 
-    qas = load_qa(qa_file)
     s = _settings(base_url, api_key, index_dir)
+    if attribution:
+        _judge(s, qa_file, as_json)
+        return
+    qas = load_qa(qa_file)
     out = out or s.index_dir.parent / "eval" / f"{qa_file.stem}.jsonl"
     partial = out.with_name(out.name + ".partial")
     sinks: list[TextIO] = []  # opened with the first result: a run that fails at once writes nothing
@@ -579,3 +585,22 @@ def evaluate(
             f"{pct(report.citation_accuracy)}; not covered {report.not_covered}; "
             f"guard blocks: input {report.guard_blocks['input']}, output {report.guard_blocks['output']}"
         )
+
+
+def _judge(s: Settings, labeled_file: Path, as_json: bool) -> None:
+    """`rag eval --attribution`: the attribution rule against a person's labels."""
+    from rag.evaluate import judge_attribution, load_labeled
+
+    labeled = load_labeled(labeled_file)
+    client, pipe = _open(s)
+    with client:
+        report = judge_attribution(pipe, labeled).as_dict()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(
+        f"{report['sentences']} labeled sentences ({report['labeled_supported']} supported by a source), "
+        f"support threshold {s.support_threshold}: accuracy {report['accuracy']:.3f}, "
+        f"sensitivity {report['sensitivity']}, specificity {report['specificity']}, "
+        f"attached sources right {report['attached_precision']}, pair ROC AUC {report['pair_auc']:.3f}"
+    )
