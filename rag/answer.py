@@ -1,4 +1,4 @@
-"""Answer: numbered sources into chat messages, and citation markers back to sources.
+"""Answer: numbered sources into chat messages (rag/attribute.py reads the markers back).
 
 The messages go to /v1/chat/completions, so the server renders them through
 the chat model's own template; nothing here formats a model-specific prompt.
@@ -6,13 +6,12 @@ the chat model's own template; nothing here formats a model-specific prompt.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rag.retrieve import Hit
 
-__all__ = ["NOT_COVERED", "Source", "build_messages", "cited", "format_sources"]
+__all__ = ["NOT_COVERED", "Source", "build_messages", "format_sources", "sources_from"]
 
 NOT_COVERED = "The indexed documents do not cover this question."
 
@@ -41,8 +40,6 @@ EXAMPLE = (
         "are deleted when the run succeeds [1].",
     },
 )
-
-_CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
 
 @dataclass(frozen=True)
@@ -74,18 +71,6 @@ def build_messages(
         *history,
         {"role": "user", "content": f"Sources:\n{blocks}\n\nQuestion: {question}"},
     ]
-
-
-def cited(answer: str, sources: Sequence[Source]) -> list[Source]:
-    """The sources the answer's [n] markers point at, in order of first citation; unknown numbers dropped."""
-    by_n = {s.n: s for s in sources}
-    out: list[Source] = []
-    for m in _CITE.finditer(answer):
-        for part in m.group(1).split(","):
-            s = by_n.get(int(part))
-            if s is not None and s not in out:
-                out.append(s)
-    return out
 
 
 def format_sources(sources: Sequence[Source]) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rag.answer import Source
+from rag.answer import NOT_COVERED, Source
 from rag.retrieve import terms
 from rag.settings import SUPPORT_THRESHOLD
 
@@ -219,7 +219,7 @@ class Attributor:
         claims = [s for s in sentences if self._needs_source(s.text)]
         scored = dict(zip([id(s) for s in claims], self.scores([s.text for s in claims]), strict=True))
         for s in sentences:
-            if id(s) not in scored:
+            if id(s) not in scored or NOT_COVERED.rstrip(".") in s.text:  # saying so is no claim
                 out.append(replace(s, support="none-needed"))
                 continue
             lex, dense = scored[id(s)]

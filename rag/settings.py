@@ -26,7 +26,7 @@ __all__ = [
 # the profile (and with it the weights behind each role) does.
 ROLES: tuple[str, ...] = ("chat", "guard", "embed", "score")
 PROFILES: tuple[str, ...] = ("cpu", "gpu")
-CPU_MODEL_SETS: tuple[str, ...] = ("qwen", "smollm2")
+CPU_MODEL_SETS: tuple[str, ...] = ("qwen", "qwen-1.5b", "smollm2")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000

@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from rag.answer import NOT_COVERED, Source, build_messages, cited, format_sources, sources_from
+from rag.answer import NOT_COVERED, Source, build_messages, format_sources, sources_from
+from rag.attribute import strip_markers
 from rag.chunk import Chunk
 from rag.guard import check, parse_qwen3guard
 from rag.retrieve import BM25, Hit, _top, dense, rrf
@@ -74,13 +75,13 @@ def test_prompt_numbers_sources_and_puts_history_before_the_question() -> None:
     last = msgs[-1]["content"]
     assert "[1] gpu.md (Memory)\nguard 0.40" in last and "[2] cpu.md\n17 GiB" in last
     assert last.endswith("Question: How much for the guard?")
-    assert cited(msgs[2]["content"], [Source(2, "x", "", "", 1.0)])  # the example cites as we parse
+    assert strip_markers(msgs[2]["content"])[1] == (1,)  # the example cites as we parse
 
 
-def test_citations_map_to_real_sources_only() -> None:
+def test_markers_are_read_in_order_of_first_use() -> None:
     answer = "The guard takes 0.40 [1]. The CPU needs 17 GiB [2][1]. Also [7] and [1, 2]."
-    assert [s.n for s in cited(answer, SOURCES)] == [1, 2]
-    assert cited("no markers at all", SOURCES) == []
+    assert strip_markers(answer) == ("The guard takes 0.40. The CPU needs 17 GiB. Also and.", (1, 2, 7))
+    assert strip_markers("no markers at all") == ("no markers at all", ())
     assert format_sources(SOURCES) == "[1] gpu.md — Memory\n[2] cpu.md"
 
 

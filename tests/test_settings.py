@@ -65,7 +65,7 @@ def test_cpu_model_sets_are_the_same_data(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_unknown_cpu_model_set_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match="qwen, smollm2"):
+    with pytest.raises(ValueError, match=r"qwen, qwen-1\.5b, smollm2"):
         _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_CPU_MODELS="llama")
 
 

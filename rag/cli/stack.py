@@ -27,7 +27,8 @@ from rag.settings import (
 @click.option(
     "--set", "model_set", type=click.Choice(CPU_MODEL_SETS), envvar="RAG_CPU_MODELS",
     default="qwen", show_default=True, show_envvar=True,
-    help="CPU model set: qwen (0.5B, answers from context) or smollm2 (135M, less memory).",
+    help="CPU model set: qwen (0.5B chat), qwen-1.5b (1.5B chat: better answers, 1.7x slower, "
+    "bf16 CPUs only) or smollm2 (135M, least memory).",
 )  # fmt: skip
 @click.option(
     "--models-dir", type=click.Path(file_okay=False, path_type=Path), envvar="RAG_MODELS_DIR",

@@ -275,7 +275,11 @@ def serve_forever(
     start = time.monotonic()
     log(f"starting Ray ({num_cpus} logical CPUs) and Serve on {host}:{port} [profile {profile}]")
     if profile == "cpu":
-        log(hardware.detect().describe())
+        from rag.stack.prepare import describe_chat
+
+        cpu = hardware.detect()
+        log(cpu.describe())
+        log(describe_chat(os.environ.get("RAG_CPU_MODELS", "qwen"), cpu.dtype))
     _start_ray(num_cpus, host, metrics_port or None, log)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # per-deployment option dumps
     try:
