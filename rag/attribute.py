@@ -252,9 +252,9 @@ class Attributor:
         return len(words) >= 2 and len(words & self.question_terms) / len(words) >= 0.8
 
     def best_passage(self, max_chars: int = 480) -> tuple[Source, str] | None:
-        """The run of up to three sentences of the shown sources that best answers the
-        question: the lexical share of the question's rare terms it holds, blended with its
-        embedding's cosine to the question's as sentences are (one embedding call)."""
+        """The run of up to three sentences of the shown sources that best covers the
+        question: the share of the question's rare-term weight it holds, blended (as for
+        support) with the cosine of its embedding to the question's (one embedding call)."""
         windows: list[tuple[Source, str]] = []
         for src in self.sources:
             units = [s.text for s in split_sentences(src.text) if s.text]

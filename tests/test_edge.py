@@ -71,7 +71,8 @@ def test_rerank_over_http_is_best_first_and_honours_top_n(http: httpx.Client) ->
     # The same scores /v1/score gives, only sorted: rerank adds no second model.
     scores = http.post("/score", json={"model": "score", "text_1": QUERY, "text_2": PASSAGES}).json()["data"]
     by_index = {d["index"]: d["score"] for d in scores}
-    assert all(x["relevance_score"] == pytest.approx(by_index[x["index"]], abs=1e-4) for x in bare)
+    # bf16 batches of another shape round differently (seen on an AMX Xeon): same to 1e-2.
+    assert all(x["relevance_score"] == pytest.approx(by_index[x["index"]], abs=1e-2) for x in bare)
 
 
 def test_cohere_sdk_reranks_against_the_stack(root: str) -> None:

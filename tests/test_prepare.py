@@ -107,7 +107,7 @@ def test_failed_rebuild_keeps_the_previous_good_folder(
 
 
 def test_unknown_model_set_says_which_exist(tmp_path: Path) -> None:
-    with pytest.raises(ModelPrepError, match="qwen, smollm2"):
+    with pytest.raises(ModelPrepError, match=r"qwen, qwen-1\.5b, smollm2"):
         prep.prepare("llama", tmp_path, lambda m: None)
 
 
