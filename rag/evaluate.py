@@ -302,7 +302,9 @@ class JudgeReport:
         return {
             "sentences": self.sentences,
             "labeled_supported": self.labeled_supported,
-            "accuracy": round((self.true_positive + self.true_negative) / self.sentences, 4),
+            "accuracy": round((self.true_positive + self.true_negative) / self.sentences, 4)
+            if self.sentences
+            else None,
             "sensitivity": round(self.true_positive / self.labeled_supported, 4)
             if self.labeled_supported
             else None,

@@ -600,7 +600,7 @@ def _judge(s: Settings, labeled_file: Path, as_json: bool) -> None:
         return
     click.echo(
         f"{report['sentences']} labeled sentences ({report['labeled_supported']} supported by a source), "
-        f"support threshold {s.support_threshold}: accuracy {report['accuracy']:.3f}, "
+        f"support threshold {s.support_threshold}: accuracy {report['accuracy']}, "
         f"sensitivity {report['sensitivity']}, specificity {report['specificity']}, "
         f"attached sources right {report['attached_precision']}, pair ROC AUC {report['pair_auc']:.3f}"
     )
