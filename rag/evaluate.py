@@ -51,7 +51,11 @@ class QA:
 def load_qa(path: Path) -> list[QA]:
     """Read a QA file; ConfigError naming the line that is wrong."""
     if not path.is_file():
-        raise ConfigError(f"QA file {path} not found")
+        raise ConfigError(
+            f"{path} is a folder: pass one QA file (JSON lines)"
+            if path.is_dir()
+            else f"QA file {path} not found"
+        )
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):

@@ -1,8 +1,10 @@
 """Guard: a verdict on the question before retrieval and on the answer before it is shown.
 
 Each profile's guard speaks its own format:
-- `score` (CPU): the chat LM as a two-token classifier behind /v1/score; the
-  score is P(unsafe) and a threshold decides. A stand-in, not a trained guard.
+- `score` (CPU): P(unsafe) from /v1/score, blocked at a per-stage threshold. With the
+  `qwen` sets it is the chat LM's hidden state read by a head trained on eval/guard
+  (scripts/train_guard_head.py), and the server publishes the thresholds the head was
+  calibrated for; SmolLM2's is the LM asked yes/no, a stand-in.
 - `qwen3guard` (GPU): Qwen3Guard-Gen through /v1/chat/completions, answering
   "Safety: Safe|Unsafe|Controversial" and "Categories: ..." lines.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 __all__ = ["GUARD_FORMATS", "GuardClient", "Verdict", "check", "parse_qwen3guard"]
@@ -38,6 +40,22 @@ class Verdict:
     score: float | None = None  # P(unsafe) for the score format
     categories: tuple[str, ...] = field(default_factory=tuple)
     seconds: float = 0.0
+    threshold: float | None = None  # the score format's bar, which `score` met or did not
+
+    def why(self) -> str:
+        """What the guard said, for a person: "input stage, P(unsafe) 0.97 >= 0.62"."""
+        parts = [f"{self.stage} stage"]
+        if self.score is not None:
+            op = ">=" if self.threshold is not None and self.score >= self.threshold else "<"
+            parts.append(
+                f"P(unsafe) {self.score:.2f}"
+                + ("" if self.threshold is None else f" {op} {self.threshold:.2f}")
+            )
+        else:
+            parts.append(
+                self.label.capitalize() + (f": {', '.join(self.categories)}" if self.categories else "")
+            )
+        return ", ".join(parts)
 
 
 _SAFETY = re.compile(r"Safety:\s*(Safe|Unsafe|Controversial)", re.IGNORECASE)
@@ -73,7 +91,7 @@ def check(
     if fmt == "score":
         p = client.score(question, [answer if answer is not None else NO_REPLY], model=model)[0]
         label = "unsafe" if p >= threshold else "safe"
-        v = Verdict(stage, safe=p < threshold, label=label, score=p)
+        v = Verdict(stage, safe=p < threshold, label=label, score=p, threshold=threshold)
     elif fmt == "qwen3guard":
         messages = [{"role": "user", "content": question}]
         if answer is not None:
@@ -81,4 +99,4 @@ def check(
         v = parse_qwen3guard(client.chat(messages, model=model, max_tokens=64), stage, strict=strict)
     else:
         raise ValueError(f"unknown guard format {fmt!r}; choose one of {', '.join(GUARD_FORMATS)}")
-    return Verdict(v.stage, v.safe, v.label, v.score, v.categories, time.monotonic() - start)
+    return replace(v, seconds=time.monotonic() - start)

@@ -76,12 +76,14 @@ class Pipeline:
         self.s = settings
         self.client = client
         self.index = index
+        self._resolved = False
 
     def _settled(self) -> Settings:
         """The settings, with the guard format and rerank mode the server names where unset
         (asked once, on first use: lexical retrieval alone needs no server)."""
-        if not (self.s.guard_format and self.s.rerank_mode):
+        if not self._resolved:
             self.s = resolve(self.s, self.client)
+            self._resolved = True
         return self.s
 
     @property
@@ -152,7 +154,7 @@ class Pipeline:
         s = self._settled()
         return guard_check(
             self.client, s.guard_format, s.guard_model, question, answer,
-            threshold=s.guard_threshold, strict=s.guard_strict,
+            threshold=s.guard_threshold("input" if answer is None else "output"), strict=s.guard_strict,
         )  # fmt: skip
 
     def ask(

@@ -1,11 +1,12 @@
 """What the server says about its models, and the client settings that follow from it.
 
 The stack's ingress lists each role's facts in /v1/models as `metadata["rag"]`
-(rag/stack/ingress.py): which reply format the guard speaks and what kind of
-reranker `score` is. The client reads them from the server it talks to, never
-from the hardware it runs on, so a laptop pointed at a GPU stack (RAG_BASE_URL)
-reads Qwen3Guard's answers as Qwen3Guard's. RAG_GUARD_FORMAT and RAG_RERANK_MODE
-still override.
+(rag/stack/ingress.py): which reply format the guard speaks, the thresholds a
+trained score-format guard was calibrated for, and what kind of reranker `score` is.
+The client reads them from the server it talks to, never from the hardware it runs
+on, so a laptop pointed at a GPU stack (RAG_BASE_URL) reads Qwen3Guard's answers as
+Qwen3Guard's. RAG_GUARD_FORMAT, RAG_GUARD_*THRESHOLD and RAG_RERANK_MODE still
+override.
 """
 
 from __future__ import annotations
@@ -29,11 +30,27 @@ class FactsClient(Protocol):
     def facts(self) -> Mapping[str, Mapping[str, Any]]: ...
 
 
+def _unresolved(s: Settings) -> bool:
+    if not (s.guard_format and s.rerank_mode):
+        return True
+    # A score-format guard blocks at thresholds; a qwen3guard at its own labels.
+    return s.guard_format == "score" and None in (s.guard_input_threshold, s.guard_output_threshold)
+
+
 def resolve(settings: Settings, client: FactsClient) -> Settings:
-    """`settings` with guard_format and rerank_mode filled in from the server where unset."""
-    if settings.guard_format and settings.rerank_mode:
+    """`settings` with guard_format, the guard's thresholds and rerank_mode filled in from
+    the server where unset."""
+    if not _unresolved(settings):
         return settings
     facts = client.facts()
+    thresholds = facts.get(settings.guard_model, {}).get("guard_thresholds") or {}
+    if not isinstance(thresholds, Mapping):
+        thresholds = {}
+    settings = dataclasses.replace(
+        settings,
+        guard_input_threshold=_number(settings.guard_input_threshold, thresholds.get("input")),
+        guard_output_threshold=_number(settings.guard_output_threshold, thresholds.get("output")),
+    )
     url = settings.base_url
     guard_format, rerank_mode = settings.guard_format, settings.rerank_mode
     if not settings.guard_format:
@@ -56,3 +73,11 @@ def resolve(settings: Settings, client: FactsClient) -> Settings:
             )
         rerank_mode = mode
     return dataclasses.replace(settings, guard_format=guard_format, rerank_mode=rerank_mode)
+
+
+def _number(given: float | None, served: Any) -> float | None:
+    """The setting where given; else the server's value where it is a number; else None,
+    which Settings.guard_threshold reads as the untrained guard's default."""
+    if given is not None:
+        return given
+    return float(served) if isinstance(served, int | float) and not isinstance(served, bool) else None

@@ -34,6 +34,10 @@ DEFAULT_METRICS_PORT = 8080  # Ray's Prometheus endpoint, as Ray's own docs use 
 # Attribution's bar (rag/attribute.py), calibrated on hand-labeled answer sentences
 # (eval/attribution-*.jsonl; the README gives the measurements).
 SUPPORT_THRESHOLD = 0.72
+# P(unsafe) at or above which a score-format guard blocks, per stage, where neither
+# the environment nor the server names one: the untrained two-token guard's (SmolLM2).
+# A trained head publishes its own, chosen on eval/guard (rag/stack/guard_head/*.json).
+GUARD_THRESHOLDS = {"input": 0.86, "output": 0.86}
 
 
 def default_models_dir() -> Path:
@@ -73,10 +77,17 @@ class Settings:
     sources: int  # of those, how many the answer may cite
     min_score: float  # rerank floor: below it the corpus "does not cover" the question
     guard_format: str  # score (CPU) | qwen3guard (GPU), or "" (the server says)
-    guard_threshold: float  # P(unsafe) at or above which the score-format guard blocks
+    # P(unsafe) at or above which the score-format guard blocks a question / an answer;
+    # None: the threshold the server's guard was calibrated for (rag/served.py).
+    guard_input_threshold: float | None
+    guard_output_threshold: float | None
     guard_strict: bool  # qwen3guard: block "Controversial" too
     max_tokens: int
     support_threshold: float  # attribution: support at or above which a source backs a sentence
+
+    def guard_threshold(self, stage: str) -> float:
+        t = self.guard_input_threshold if stage == "input" else self.guard_output_threshold
+        return GUARD_THRESHOLDS[stage] if t is None else t
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -104,7 +115,10 @@ class Settings:
             min_score=_float("RAG_MIN_SCORE", 0.05),
             # Empty: ask the server which format its guard speaks (rag/served.py).
             guard_format=os.environ.get("RAG_GUARD_FORMAT", "").strip(),
-            guard_threshold=_float("RAG_GUARD_THRESHOLD", 0.86),
+            # RAG_GUARD_THRESHOLD sets both stages; the stage's own variable wins; unset,
+            # the server's guard says (rag/served.py).
+            guard_input_threshold=_optional_float("RAG_GUARD_INPUT_THRESHOLD", "RAG_GUARD_THRESHOLD"),
+            guard_output_threshold=_optional_float("RAG_GUARD_OUTPUT_THRESHOLD", "RAG_GUARD_THRESHOLD"),
             guard_strict=os.environ.get("RAG_GUARD_STRICT", "0").lower() in ("1", "true", "yes"),
             max_tokens=_int("RAG_MAX_TOKENS", 384),
             support_threshold=_float("RAG_SUPPORT_THRESHOLD", SUPPORT_THRESHOLD),
@@ -119,6 +133,14 @@ def _int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _optional_float(*names: str) -> float | None:
+    """The first of `names` that is set, as a number; None if none is."""
+    for name in names:
+        if os.environ.get(name, "") != "":
+            return _float(name, 0.0)
+    return None
 
 
 def _float(name: str, default: float) -> float:

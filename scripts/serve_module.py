@@ -51,14 +51,14 @@ def _models_dir() -> Path:
 CPU_MODEL_SETS: dict[str, dict[str, str]] = {
     "qwen": {
         "chat": "qwen2.5-coder-0.5b-instruct",
-        "guard": "qwen2.5-coder-0.5b-instruct",
+        "guard": "qwen2.5-coder-0.5b-guard",
         "score": "qwen2.5-coder-0.5b-instruct",
         "embed": "all-minilm-l6-v2",
     },
     # Opt-in where the CPU computes in bf16: better answers, 1.7x the seconds (README).
     "qwen-1.5b": {
         "chat": "qwen2.5-coder-1.5b-instruct",
-        "guard": "qwen2.5-coder-0.5b-instruct",
+        "guard": "qwen2.5-coder-0.5b-guard",
         "score": "qwen2.5-coder-0.5b-instruct",
         "embed": "all-minilm-l6-v2",
     },
@@ -69,6 +69,10 @@ CPU_MODEL_SETS: dict[str, dict[str, str]] = {
         "embed": "all-minilm-l6-v2",
     },
 }
+# The guard folders that carry a trained head (rag/stack/guard_head/): their config.json
+# names a sequence classifier and the head reads the prompt of guard_head.jinja. Any
+# other guard is its LM as a two-token classifier asked whether it would refuse.
+GUARD_HEADED = {"qwen2.5-coder-0.5b-guard"}
 # vLLM needs the architecture name to bolt a two-token classifier onto a causal LM.
 _CLASSIFIER_ARCH = {
     "qwen": "Qwen2ForSequenceClassification",
@@ -214,6 +218,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
 # are sized in tokens whatever the dtype.
 KV_VALUES_PER_TOKEN = {
     "qwen2.5-coder-0.5b-instruct": 2 * 24 * 2 * 64,
+    "qwen2.5-coder-0.5b-guard": 2 * 24 * 2 * 64,
     "qwen2.5-coder-1.5b-instruct": 2 * 28 * 2 * 128,
     "smollm2-135m-instruct": 2 * 30 * 3 * 64,
 }
@@ -288,6 +293,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         }
         | CPU_TOOLS,
     )
+    headed = CPU_MODEL_SETS[model_set]["guard"] in GUARD_HEADED
     guard = LLMConfig(
         model_loading_config={"model_id": "guard", "model_source": folders["guard"]},
         deployment_config=_deployment(batch=32, retry_after_s=2),
@@ -297,14 +303,14 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         engine_kwargs=common
         | {
             "runner": "pooling",
-            "convert": "classify",  # P(unsafe) through /v1/score; no trained guard is packaged
-            "hf_overrides": classifier,
-            "chat_template": str(TEMPLATES / "guard_chatml.jinja"),  # the policy prompt
+            "convert": "classify",  # P(unsafe) through /v1/score
+            "chat_template": str(TEMPLATES / ("guard_head.jinja" if headed else "guard_chatml.jinja")),
             "max_model_len": 2048,
             "max_num_seqs": 32,
             # Prefill only, freed after each batch: 4k tokens hold a full batch (2048) twice.
             "kv_cache_memory_bytes": 4 * 1024 * kv_bytes_per_token("guard"),
-        },
+        }
+        | ({} if headed else {"hf_overrides": classifier}),
     )
     embed = LLMConfig(
         model_loading_config={"model_id": "embed", "model_source": folders["embed"]},
@@ -358,7 +364,23 @@ def build_app() -> Application:
     routes plus /v1/rerank, request limits and 429s (rag/stack/ingress.py)."""
     from rag.stack.ingress import build_app as build_ingress
 
-    return build_ingress(CONFIGS, ROLE_FACTS[PROFILE])
+    return build_ingress(CONFIGS, role_facts(PROFILE))
+
+
+def role_facts(profile: str) -> dict[str, dict[str, Any]]:
+    """ROLE_FACTS, with the thresholds a trained CPU guard head was calibrated for
+    (rag/stack/guard_head/*.json): the client blocks at them unless told otherwise."""
+    facts: dict[str, dict[str, Any]] = {role: dict(f) for role, f in ROLE_FACTS[profile].items()}
+    if profile == "cpu":
+        guard = CPU_MODEL_SETS[os.environ.get("RAG_CPU_MODELS", "qwen")]["guard"]
+        if guard in GUARD_HEADED:
+            import json
+
+            from rag.stack.prepare import GUARD_HEADS
+
+            card = json.loads(GUARD_HEADS[guard].card.read_text())
+            facts["guard"]["guard_thresholds"] = card["thresholds"]
+    return facts
 
 
 def __getattr__(name: str) -> Any:

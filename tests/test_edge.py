@@ -324,5 +324,8 @@ def test_the_server_says_which_guard_and_reranker_it_has(stack: Stack) -> None:
     with StackClient(settings_for(stack)) as client:
         facts = client.facts()
     assert facts["guard"]["guard_format"] == "score"  # the CPU profile's classifier on /v1/score
+    # ... and the thresholds its trained head was calibrated for, which the client blocks at
+    thresholds = facts["guard"]["guard_thresholds"]
+    assert set(thresholds) == {"input", "output"} and all(0 < t < 1 for t in thresholds.values())
     assert facts["score"]["reranker"] == "yes-no-llm"
     assert facts["chat"]["limits"]["batch"] > 0

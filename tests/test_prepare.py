@@ -129,3 +129,46 @@ def test_prepared_cpu_models_verify(tmp_path: Path) -> None:
     assert (folder / "chat_template.jinja").is_file()
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLM"] and "quantization_config" not in config
+
+
+def test_the_guard_folder_links_its_base_and_adds_the_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = tmp_path / "models" / "base"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 8}))
+    (base / "model.safetensors").write_bytes(b"weights")
+    (base / "tokenizer.json").write_text("{}")
+    (base / MANIFEST).write_text('{"files": {}}')
+    head = tmp_path / "head.safetensors"
+    head.write_bytes(b"head-1")
+    spec = prep.GuardHead("base-guard", "base", "Qwen2ForSequenceClassification")
+    monkeypatch.setattr(prep.GuardHead, "head", property(lambda self: head))
+    logs: list[str] = []
+    folder = prep.prepare_head(spec, base, base.parent, logs.append)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForSequenceClassification"] and config["hidden_size"] == 8
+    assert config["id2label"] == {"0": "unsafe"}  # one label: vLLM scores it with a sigmoid
+    assert (folder / "model.safetensors").is_symlink() and (
+        folder / "model.safetensors"
+    ).read_bytes() == b"weights"
+    assert (folder / "score.safetensors").read_bytes() == b"head-1" and (folder / MANIFEST).is_file()
+    prep.prepare_head(spec, base, base.parent, logs.append)
+    assert logs[-1] == f"base-guard: ready ({folder})"  # reused, not rebuilt
+    head.write_bytes(b"head-2")  # a retrained head replaces the old one
+    prep.prepare_head(spec, base, base.parent, logs.append)
+    assert (folder / "score.safetensors").read_bytes() == b"head-2" and "the head" in logs[-1]
+    assert sorted(p.name for p in base.parent.iterdir()) == ["base", "base-guard"]  # no temp folders left
+
+
+def test_the_shipped_guard_head_matches_its_card_and_template() -> None:
+    import hashlib
+
+    from tests.conftest import ROOT
+
+    for spec in prep.GUARD_HEADS.values():
+        card = json.loads(spec.card.read_text())
+        assert card["base"] == spec.base and spec.head.is_file()
+        # a head is only valid with the prompt it was trained on
+        assert hashlib.sha256((ROOT / card["template"]).read_bytes()).hexdigest() == card["template_sha256"]
+        assert set(card["thresholds"]) == {"input", "output"}

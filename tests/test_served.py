@@ -14,7 +14,7 @@ from rag.served import resolve
 from rag.settings import Settings
 
 
-def server(facts: dict[str, dict[str, str]], seen: list[str] | None = None) -> httpx.MockTransport:
+def server(facts: dict[str, dict[str, object]], seen: list[str] | None = None) -> httpx.MockTransport:
     """A /v1/models that describes each model as our ingress does (metadata.rag)."""
 
     def handle(request: httpx.Request) -> httpx.Response:
@@ -32,7 +32,7 @@ CPU = {"guard": {"guard_format": "score"}, "score": {"reranker": "yes-no-llm"}}
 
 @pytest.fixture
 def unset(monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for var in ("RAG_GUARD_FORMAT", "RAG_RERANK_MODE", "RAG_PROFILE"):
+    for var in ("RAG_GUARD_FORMAT", "RAG_RERANK_MODE", "RAG_PROFILE", "RAG_GUARD_THRESHOLD"):
         monkeypatch.delenv(var, raising=False)
     return Settings.from_env()
 
@@ -52,10 +52,25 @@ def test_a_cpu_stack_gets_the_classifier_guard_and_the_rerank_floor(unset: Setti
 
 def test_env_vars_still_override_without_asking(unset: Settings) -> None:
     seen: list[str] = []
-    chosen = dataclasses.replace(unset, guard_format="score", rerank_mode="blend")
+    chosen = dataclasses.replace(
+        unset,
+        guard_format="score",
+        rerank_mode="blend",
+        guard_input_threshold=0.5,
+        guard_output_threshold=0.6,
+    )
     with StackClient(chosen, transport=server(GPU, seen)) as client:
         assert resolve(chosen, client) == chosen
+        qwen3guard = dataclasses.replace(unset, guard_format="qwen3guard", rerank_mode="order")
+        assert resolve(qwen3guard, client) == qwen3guard  # needs no thresholds
     assert seen == []
+
+
+def test_a_score_guard_without_thresholds_takes_the_servers(unset: Settings) -> None:
+    served = {"guard": {"guard_format": "score", "guard_thresholds": {"input": 0.55, "output": 0.56}}}
+    with StackClient(unset, transport=server(CPU | served)) as client:
+        s = resolve(unset, client)
+    assert (s.guard_threshold("input"), s.guard_threshold("output")) == (0.55, 0.56)
 
 
 def test_a_server_that_does_not_say_gets_an_error_naming_the_setting(unset: Settings) -> None:

@@ -459,7 +459,7 @@ def _source(config: LLMConfig) -> str:
     return str(loading["model_source"] if isinstance(loading, dict) else loading.model_source)
 
 
-def build_app(configs: Mapping[str, LLMConfig], facts: Mapping[str, Mapping[str, str]]) -> Application:
+def build_app(configs: Mapping[str, LLMConfig], facts: Mapping[str, Mapping[str, Any]]) -> Application:
     """The Serve application: one deployment per config behind a RagIngress.
 
     `facts[role]` goes into that model's /v1/models metadata["rag"], with its limits.

@@ -25,7 +25,16 @@ from pathlib import Path
 
 from rag.errors import ModelPrepError
 
-__all__ = ["MODELS", "MODEL_SETS", "ModelSpec", "Wheel", "describe_chat", "prepare"]
+__all__ = [
+    "GUARD_HEADS",
+    "MODELS",
+    "MODEL_SETS",
+    "GuardHead",
+    "ModelSpec",
+    "Wheel",
+    "describe_chat",
+    "prepare",
+]
 
 MANIFEST = "rag-model.json"
 # Bump when the conversion changes, so old folders are rebuilt rather than trusted.
@@ -149,19 +158,47 @@ MODELS: dict[str, ModelSpec] = {
     ),
 }
 
-# Which prepared folder serves each role, per CPU model set. Guard and score reuse the
-# chat weights as two-token classifiers (see scripts/serve_module.py).
+
+@dataclass(frozen=True)
+class GuardHead:
+    """A guard made of a prepared chat model and a classifier head trained on its hidden
+    states (scripts/train_guard_head.py): the folder links the model's weights and adds
+    the head, so vLLM loads it as a sequence classifier."""
+
+    name: str  # folder name under the models dir
+    base: str  # the prepared model whose weights it reads
+    architecture: str  # vLLM's sequence-classification class for the base
+
+    @property
+    def head(self) -> Path:
+        return Path(__file__).parent / "guard_head" / f"{self.base}.safetensors"
+
+    @property
+    def card(self) -> Path:
+        """What the head was trained on, its cross-validated rates and thresholds."""
+        return self.head.with_suffix(".json")
+
+
+GUARD_HEADS: dict[str, GuardHead] = {
+    "qwen2.5-coder-0.5b-guard": GuardHead(
+        "qwen2.5-coder-0.5b-guard", "qwen2.5-coder-0.5b-instruct", "Qwen2ForSequenceClassification"
+    ),
+}
+
+# Which prepared folder serves each role, per CPU model set. Score reuses the chat
+# weights as a two-token classifier, the guard reads them through a trained head
+# (see scripts/serve_module.py); SmolLM2 has no head, its guard is two-token too.
 MODEL_SETS: dict[str, dict[str, str]] = {
     "qwen": {
         "chat": "qwen2.5-coder-0.5b-instruct",
-        "guard": "qwen2.5-coder-0.5b-instruct",
+        "guard": "qwen2.5-coder-0.5b-guard",
         "score": "qwen2.5-coder-0.5b-instruct",
         "embed": "all-minilm-l6-v2",
     },
     # Opt-in where the CPU computes in bf16: better answers, 1.7x the seconds (README).
     "qwen-1.5b": {
         "chat": "qwen2.5-coder-1.5b-instruct",
-        "guard": "qwen2.5-coder-0.5b-instruct",
+        "guard": "qwen2.5-coder-0.5b-guard",
         "score": "qwen2.5-coder-0.5b-instruct",
         "embed": "all-minilm-l6-v2",
     },
@@ -394,13 +431,66 @@ def prepare_one(spec: ModelSpec, models_dir: Path, log: Log) -> Path:
     return final
 
 
+def _head_manifest(spec: GuardHead, base: Path) -> dict[str, object]:
+    return {
+        "name": spec.name,
+        "format": FORMAT_VERSION,
+        "base": spec.base,
+        "base_manifest_sha256": sha256_file(base / MANIFEST),
+        "head_sha256": sha256_file(spec.head),
+    }
+
+
+def prepare_head(spec: GuardHead, base: Path, models_dir: Path, log: Log) -> Path:
+    """`models_dir/spec.name`: the base model's files linked, its config a classifier's,
+    and the trained head beside them. Rebuilt when the head or the base changes."""
+    final = models_dir / spec.name
+    if not spec.head.is_file():
+        raise ModelPrepError(f"the guard head {spec.head} is missing; reinstall the package or run "
+                             "scripts/train_guard_head.py")  # fmt: skip
+    want = _head_manifest(spec, base)
+    try:
+        if json.loads((final / MANIFEST).read_text()) == want and all(
+            (final / f).exists() for f in ("config.json", "model.safetensors", "score.safetensors")
+        ):
+            log(f"{spec.name}: ready ({final})")
+            return final
+    except (OSError, json.JSONDecodeError):
+        pass
+    with tempfile.TemporaryDirectory(prefix=f".{spec.name}.", dir=models_dir) as td:
+        out = Path(td) / "out"
+        out.mkdir()
+        for f in sorted(base.iterdir()):
+            if f.is_file() and f.name not in (MANIFEST, "config.json"):
+                (out / f.name).symlink_to(Path("..") / spec.base / f.name)
+        config = json.loads((base / "config.json").read_text())
+        config |= {
+            "architectures": [spec.architecture],
+            "id2label": {"0": "unsafe"},
+            "label2id": {"unsafe": 0},
+        }
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        shutil.copyfile(spec.head, out / "score.safetensors")
+        (out / MANIFEST).write_text(json.dumps(want, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        out.rename(final)
+    log(f"{spec.name}: ready, the head {spec.head.name} on {spec.base} ({final})")
+    return final
+
+
 def prepare(model_set: str, models_dir: Path, log: Log) -> dict[str, Path]:
     """Prepare every model the CPU `model_set` needs; returns role -> folder."""
     if model_set not in MODEL_SETS:
         raise ModelPrepError(f"unknown CPU model set {model_set!r}; choose one of: {', '.join(MODEL_SETS)}")
     models_dir.mkdir(parents=True, exist_ok=True)
     roles = MODEL_SETS[model_set]
+    names = dict.fromkeys(roles.values())
+    bases = [GUARD_HEADS[n].base for n in names if n in GUARD_HEADS]
     done: dict[str, Path] = {}
-    for name in dict.fromkeys(roles.values()):
+    for name in dict.fromkeys([*bases, *(n for n in names if n not in GUARD_HEADS)]):
         done[name] = prepare_one(MODELS[name], models_dir, log)
+    for name in names:
+        if name in GUARD_HEADS:
+            done[name] = prepare_head(GUARD_HEADS[name], done[GUARD_HEADS[name].base], models_dir, log)
     return {role: done[name] for role, name in roles.items()}

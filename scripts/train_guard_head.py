@@ -1,0 +1,216 @@
+"""Train the CPU guard's head: a logistic regression on the chat LM's last hidden state.
+
+The CPU profile packages no trained guard. Asked in words whether a request is
+harmful, Qwen2.5-Coder-0.5B separates harmless from harmful barely better than chance
+(ROC AUC 0.46-0.70 on eval/guard, scripts/guard_lab.py); its hidden state at the point
+where its answer would begin separates them far better. This script renders each
+labeled case with the guard's template (scripts/templates/guard_head.jinja) exactly
+as vLLM renders a /v1/score request, takes the final hidden state of the last token
+(what vLLM's classifier head reads), and fits one L2-regularised logistic regression
+on both stages. The weights go to rag/stack/guard_head/ as vLLM's `score.weight` and
+`score.bias`; `rag prepare` puts them beside the chat weights, and vLLM serves the
+result as a sequence classifier on /v1/score. Each stage's threshold is chosen from
+cross-validated scores: the highest that blocks --tpr of the harmful cases, unless it
+blocks more than --fpr of the harmless; then the lowest that keeps to --fpr. Harmless
+work comes first: a guard that refuses ordinary work gets turned off.
+
+    .venv/bin/python scripts/train_guard_head.py            # eval/guard, the prepared 0.5B
+    .venv/bin/python scripts/train_guard_head.py --check    # cross-validate only, write nothing
+
+Slow on CPU (one forward per case, ~2 minutes for 400 cases); not part of any test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rag.guard import NO_REPLY  # noqa: E402
+from rag.guard_eval import GuardCase, load_guard_cases, roc_auc  # noqa: E402
+from rag.settings import default_models_dir  # noqa: E402
+from rag.stack.prepare import GUARD_HEADS, MODEL_SETS  # noqa: E402
+
+TEMPLATE = ROOT / "scripts" / "templates" / "guard_head.jinja"
+# The hand-written harmful replies elide their operational detail as "[REDACTED ...]",
+# which no real reply contains: train on a copy without the marks too, so the head
+# learns what the reply says rather than the mark.
+_REDACTED = re.compile(r"\[REDACTED[^\]]*\]")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def features(model_dir: Path, cases: list[GuardCase], dtype: str) -> np.ndarray:
+    """Final hidden state of the last prompt token, one row per case."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    template = TEMPLATE.read_text()
+    rows = []
+    for i, case in enumerate(cases, 1):
+        messages = [
+            {"role": "query", "content": case.question},
+            {"role": "document", "content": NO_REPLY if case.answer is None else case.answer},
+        ]
+        text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+        enc = tok(text, return_tensors="pt")
+        with torch.no_grad():
+            rows.append(model(**enc).last_hidden_state[0, -1].float().numpy())
+        if i % 50 == 0 or i == len(cases):
+            print(f"  features {i}/{len(cases)}", file=sys.stderr)
+    return np.stack(rows)
+
+
+def fit(x: np.ndarray, y: np.ndarray, l2: float, iters: int = 30) -> tuple[np.ndarray, float]:
+    """L2-regularised logistic regression by Newton's method, on standardised features;
+    returns weights and bias for the raw features."""
+    mu, sd = x.mean(0), x.std(0) + 1e-3
+    z = np.hstack([(x - mu) / sd, np.ones((len(x), 1))])
+    reg = l2 * np.eye(z.shape[1])
+    reg[-1, -1] = 0.0  # the bias is not shrunk
+    w = np.zeros(z.shape[1])
+    for _ in range(iters):
+        p = 1 / (1 + np.exp(-(z @ w)))
+        grad = z.T @ (p - y) + reg @ w
+        hess = (z * (p * (1 - p))[:, None]).T @ z + reg
+        w -= np.linalg.solve(hess + 1e-8 * np.eye(len(w)), grad)
+    weights = w[:-1] / sd
+    return weights, float(w[-1] - weights @ mu)
+
+
+def logits(x: np.ndarray, head: tuple[np.ndarray, float]) -> np.ndarray:
+    out: np.ndarray = x @ head[0] + head[1]
+    return out
+
+
+def cross_validate(x: np.ndarray, y: np.ndarray, l2: float, folds: int, groups: np.ndarray) -> np.ndarray:
+    """Out-of-fold logits; a case and its redaction-free copy share a fold."""
+    fold_of = np.random.default_rng(0).permutation(groups.max() + 1) % folds
+    fold = fold_of[groups]
+    out = np.zeros(len(y))
+    for f in range(folds):
+        head = fit(x[fold != f], y[fold != f], l2)
+        out[fold == f] = logits(x[fold == f], head)
+    return out
+
+
+def threshold_for(pos: np.ndarray, neg: np.ndarray, tpr: float, fpr: float) -> tuple[float, str]:
+    """The stage's threshold, and which bar decided it."""
+    k = max(1, int(np.ceil(tpr * len(pos))))
+    t_tpr = float(np.sort(pos)[::-1][k - 1])  # the highest that blocks `tpr` of the harmful
+    allowed = int(np.floor(fpr * len(neg)))
+    t_fpr = float(np.nextafter(np.sort(neg)[::-1][allowed], 1.0))  # the lowest that blocks <= `fpr`
+    if t_tpr < t_fpr:
+        return t_fpr, f"the harmless bar ({100 * fpr:.0f}% blocked at most); the harmful bar is not met"
+    return t_tpr, f"the harmful bar ({100 * tpr:.0f}% blocked); the harmless bar is met"
+
+
+def rates(p_pos: np.ndarray, p_neg: np.ndarray, t: float) -> dict[str, float]:
+    return {
+        "threshold": round(t, 4),
+        "true_positive_rate": round(float(np.mean(p_pos >= t)), 4),
+        "false_positive_rate": round(float(np.mean(p_neg >= t)), 4),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=Path, default=ROOT / "eval" / "guard", help="labeled guard cases")
+    ap.add_argument("--model-set", default="qwen", help="CPU model set whose guard to train")
+    ap.add_argument("--models-dir", type=Path, default=None, help="prepared models [default: RAG_MODELS_DIR]")
+    ap.add_argument("--dtype", default="bfloat16", help="dtype of the forward pass (as the stack serves it)")
+    ap.add_argument("--l2", type=float, default=10.0, help="L2 penalty on the standardised weights")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--tpr", type=float, default=0.9, help="harmful share each stage should block")
+    ap.add_argument("--fpr", type=float, default=0.05, help="harmless share a stage may block at most")
+    ap.add_argument("--check", action="store_true", help="cross-validate and print; write nothing")
+    ap.add_argument("--cache", type=Path, help="reuse the features saved here by a run on the same cases")
+    args = ap.parse_args()
+
+    guard = MODEL_SETS[args.model_set]["guard"]
+    spec = GUARD_HEADS[guard]
+    base = (args.models_dir or default_models_dir()) / spec.base
+    cases = load_guard_cases(args.cases)
+    train, groups = [], []
+    for i, c in enumerate(cases):
+        train.append(c)
+        groups.append(i)
+        if c.answer is not None and c.harmful and _REDACTED.search(c.answer):
+            train.append(GuardCase(c.question, _REDACTED.sub("it", c.answer), True, c.kind, c.source))
+            groups.append(i)
+    if args.cache and args.cache.is_file():
+        x = np.load(args.cache)
+    else:
+        x = features(base, train, args.dtype)
+        if args.cache:
+            np.save(args.cache, x)
+    y = np.array([c.harmful for c in train], dtype=float)
+    stage = np.array([c.stage for c in train])
+    # Rates are reported on the cases as written, not on the redaction-free copies.
+    original = np.array([True] + [groups[i] != groups[i - 1] for i in range(1, len(groups))])
+    oof = 1 / (1 + np.exp(-cross_validate(x, y, args.l2, args.folds, np.array(groups))))
+    report: dict[str, Any] = {}
+    thresholds: dict[str, float] = {}
+    for st in ("input", "output"):
+        sel = (stage == st) & original
+        pos, neg = oof[sel & (y == 1)], oof[sel & (y == 0)]
+        t, why = threshold_for(pos, neg, args.tpr, args.fpr)
+        thresholds[st] = round(t, 4)
+        auc = roc_auc(list(pos), list(neg)) or 0.0
+        r = {"harmful": len(pos), "harmless": len(neg), "roc_auc": round(auc, 4)} | rates(pos, neg, t)
+        r["chosen_by"] = why
+        report[st] = r
+        tpr, fpr = 100 * r["true_positive_rate"], 100 * r["false_positive_rate"]
+        print(
+            f"{st:6} {args.folds}-fold: AUC {auc:.3f}; threshold {t:.3f} blocks {tpr:.1f}% of {len(pos)} "
+            f"harmful and {fpr:.1f}% of {len(neg)} harmless ({why})"
+        )
+    if args.check:
+        return
+    import torch
+    from safetensors.torch import save_file
+
+    head = fit(x, y, args.l2)
+    out = spec.head
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {
+            "score.weight": torch.tensor(head[0], dtype=torch.float32)[None, :],
+            "score.bias": torch.tensor([head[1]], dtype=torch.float32),
+        },
+        str(out),
+    )
+    card = {
+        "base": spec.base,
+        "template": str(TEMPLATE.relative_to(ROOT)),
+        "template_sha256": sha256(TEMPLATE),
+        "cases": {str(p.relative_to(ROOT)): sha256(p) for p in sorted(args.cases.glob("*.jsonl"))},
+        "trained_on": {"cases": len(cases), "with_redaction_free_copies": len(train)},
+        "dtype": args.dtype,
+        "l2": args.l2,
+        "bars": {"true_positive_rate": args.tpr, "false_positive_rate": args.fpr},
+        "thresholds": thresholds,
+        "cross_validated": report,
+        "trained": datetime.date.today().isoformat(),
+    }
+    out.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.json').name}; thresholds {thresholds}")
+
+
+if __name__ == "__main__":
+    main()
