@@ -101,6 +101,10 @@ def test_sources_are_numbered_in_rank_order() -> None:
         ("Safety: Controversial\nCategories: Politically Sensitive Topics", True, False, "controversial",
          ("Politically Sensitive Topics",)),
         ("I cannot decide.", False, False, "unparseable", ()),
+        # the output-moderation reply adds a Refusal line; case and spacing vary
+        ("Safety: Unsafe\nCategories: Jailbreak\nRefusal: No", False, False, "unsafe", ("Jailbreak",)),
+        ("safety:  safe\ncategories: none\nrefusal: yes", True, True, "safe", ()),
+        ("Safety: Unsafe\nCategories: PII,  Violent ,", False, False, "unsafe", ("PII", "Violent")),
     ],
 )  # fmt: skip
 def test_qwen3guard_verdicts(reply: str, strict: bool, safe: bool, label: str, cats: tuple[str, ...]) -> None:
