@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -209,7 +210,8 @@ def _pipeline(env: dict[str, str], **changes: object) -> Pipeline:
 
 
 def _words(text: str) -> list[str]:
-    return strip_markers(text.replace(UNSUPPORTED, ""))[0].split()
+    # markers out, and the space a removed marker leaves before a stop ("3 [no source].")
+    return re.sub(r"\s+([.,;:!?])", r"\1", strip_markers(text.replace(UNSUPPORTED, ""))[0]).split()
 
 
 def test_pipeline_shows_only_guarded_text_each_sentence_with_what_backs_it(indexed: dict[str, str]) -> None:
