@@ -516,7 +516,7 @@ def evaluate(
     as_json: bool,
     out: Path | None,
 ) -> None:
-    """Measure retrieval (recall@k, MRR) and answers (keywords, sources, guard blocks).
+    """Measure retrieval (recall@k, MRR) and answers (keywords, sources, guard blocks), or the guard.
 
     QA_FILE is JSON lines: {"question": ..., "files": [gold paths], "keywords": [...]}.
     Works on any index and QA file.
@@ -532,7 +532,7 @@ def evaluate(
       rag eval my_qa.jsonl --no-answers --json
       rag eval my_qa.jsonl -o results/run1.jsonl
       rag eval eval/attribution-git.jsonl --attribution --index .rag/git-doc
-      rag eval eval/guard --guard
+      rag eval eval/guard-heldout --guard     # the guard on requests it was not trained on
     """
     from rag.evaluate import load_qa, run_eval
 
