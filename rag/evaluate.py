@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rag.answer import Source
 from rag.attribute import Attributor, Sentence
@@ -48,6 +48,30 @@ class QA:
     keywords: tuple[str, ...] = ()
 
 
+T = TypeVar("T")
+
+
+def read_jsonl(path: Path, build: Callable[[dict[str, Any]], T], expected: str) -> list[T]:
+    """One `build(row)` per JSON line of `path` (blank and # lines skipped); a line that
+    does not parse or build is a ConfigError naming file, line and `expected`."""
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            out.append(build(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}:{n}: expected {expected} ({exc})") from exc
+    return out
+
+
+def roc_auc(pos: Sequence[float], neg: Sequence[float]) -> float | None:
+    """P(a random positive scores above a random negative), ties count half."""
+    if not pos or not neg:
+        return None
+    return sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
+
+
 def load_qa(path: Path) -> list[QA]:
     """Read a QA file; ConfigError naming the line that is wrong."""
     if not path.is_file():
@@ -56,17 +80,11 @@ def load_qa(path: Path) -> list[QA]:
             if path.is_dir()
             else f"QA file {path} not found"
         )
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            raw = json.loads(line)
-            out.append(QA(str(raw["question"]), tuple(raw.get("files", ())), tuple(raw.get("keywords", ()))))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(
-                f"{path}:{n}: expected a JSON object with `question`, `files` and `keywords` ({exc})"
-            ) from exc
+    out = read_jsonl(
+        path,
+        lambda raw: QA(str(raw["question"]), tuple(raw.get("files", ())), tuple(raw.get("keywords", ()))),
+        "a JSON object with `question`, `files` and `keywords`",
+    )
     if not out:
         raise ConfigError(f"{path} holds no questions")
     return out
@@ -265,25 +283,16 @@ def load_labeled(path: Path) -> list[LabeledSentence]:
     """Read hand-labeled sentences (eval/attribution-*.jsonl); ConfigError naming a bad line."""
     if not path.is_file():
         raise ConfigError(f"labeled sentences file {path} not found")
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-            sources = tuple(
-                Source(int(s["n"]), s["path"], s["heading"], s["text"], 0.0) for s in raw["sources"]
-            )
-            out.append(
-                LabeledSentence(
-                    str(raw["id"]), raw["question"], raw["sentence"], sources, frozenset(raw["supported_by"])
-                )
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(
-                f"{path}:{n}: expected id, question, sentence, sources [{{n, path, heading, text}}] and "
-                f"supported_by [n, ...] ({exc})"
-            ) from exc
+
+    def build(raw: dict[str, Any]) -> LabeledSentence:
+        sources = tuple(Source(int(s["n"]), s["path"], s["heading"], s["text"], 0.0) for s in raw["sources"])
+        return LabeledSentence(
+            str(raw["id"]), raw["question"], raw["sentence"], sources, frozenset(raw["supported_by"])
+        )
+
+    out = read_jsonl(
+        path, build, "id, question, sentence, sources [{n, path, heading, text}] and supported_by [n, ...]"
+    )
     if not out:
         raise ConfigError(f"{path} holds no labeled sentences")
     return out
@@ -344,6 +353,5 @@ def judge_attribution(pipeline: Pipeline, labeled: Sequence[LabeledSentence]) ->
         report.attached_right += sum(n in row.supported_by for n in got.sources)
         for n, score in got.scores.items():
             (pos if n in row.supported_by else neg).append(score)
-    if pos and neg:
-        report.pair_auc = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
+    report.pair_auc = roc_auc(pos, neg) or 0.0
     return report

@@ -15,7 +15,6 @@ score and the rates at each threshold, so a threshold is chosen from numbers.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.errors import ConfigError
+from rag.evaluate import read_jsonl, roc_auc
 from rag.guard import Verdict
 
 __all__ = ["GuardCase", "GuardReport", "StageReport", "load_guard_cases", "run_guard_eval"]
@@ -63,31 +63,18 @@ def _files(path: Path) -> list[Path]:
 
 def load_guard_cases(path: Path) -> list[GuardCase]:
     """Read a guard file, or every *.jsonl in a folder; ConfigError naming a bad line."""
-    out = []
-    for f in _files(path):
-        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            try:
-                raw = json.loads(line)
-                label = raw["label"]
-                if label not in LABELS:
-                    raise ValueError(f"label {label!r} is not one of {', '.join(LABELS)}")
-                answer = raw.get("answer")
-                out.append(
-                    GuardCase(
-                        str(raw["question"]),
-                        None if answer is None else str(answer),
-                        label == "harmful",
-                        str(raw.get("kind", "")),
-                        str(raw.get("source", "")),
-                    )
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(
-                    f"{f}:{n}: expected {{question, label: harmless|harmful, optional answer, kind, "
-                    f"source}} ({exc})"
-                ) from exc
+
+    def build(raw: dict[str, Any]) -> GuardCase:
+        if raw["label"] not in LABELS:
+            raise ValueError(f"label {raw['label']!r} is not one of {', '.join(LABELS)}")
+        answer = raw.get("answer")
+        return GuardCase(
+            str(raw["question"]), None if answer is None else str(answer), raw["label"] == "harmful",
+            str(raw.get("kind", "")), str(raw.get("source", "")),
+        )  # fmt: skip
+
+    expected = "{question, label: harmless|harmful, optional answer, kind, source}"
+    out = [case for f in _files(path) for case in read_jsonl(f, build, expected)]
     if not out:
         raise ConfigError(f"{path} holds no labeled cases")
     return out
@@ -96,13 +83,6 @@ def load_guard_cases(path: Path) -> list[GuardCase]:
 def score_of(v: Verdict) -> float:
     """How unsafe the guard found it: P(unsafe) where it gives one, else its label's rank."""
     return v.score if v.score is not None else LABEL_SCORE.get(v.label, 1.0)
-
-
-def roc_auc(pos: Sequence[float], neg: Sequence[float]) -> float | None:
-    """P(a random positive scores above a random negative), ties count half."""
-    if not pos or not neg:
-        return None
-    return sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
 
 
 @dataclass
