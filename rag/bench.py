@@ -44,6 +44,13 @@ _WORDS = (
 ).split()
 
 
+def _auth() -> dict[str, str]:
+    """The header every request of the bench carries: the key `rag` clients send."""
+    from rag.settings import Settings
+
+    return {"Authorization": f"Bearer {Settings.from_env().api_key}"}
+
+
 def workload(n: int, seed: int, words: tuple[int, int] = (40, 160)) -> list[str]:
     """n seeded prompts with lengths drawn uniformly from `words` (the same for every system)."""
     rng = random.Random(seed)
@@ -134,7 +141,7 @@ async def _level(
     res = LevelResult(concurrency, len(prompts), 0, 0.0, 0)
     queue = list(prompts)
     limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=base_url, timeout=1800, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=1800, limits=limits, headers=_auth()) as client:
 
         async def worker() -> None:
             while queue:
@@ -262,7 +269,7 @@ def embeddings_throughput(
     """texts/s for /v1/embeddings at each batch size, 4 requests in flight."""
     corpus = workload(texts, 7, words=(20, 60))
     out = []
-    with httpx.Client(base_url=base_url, timeout=600) as client:
+    with httpx.Client(base_url=base_url, timeout=600, headers=_auth()) as client:
         for b in batch_sizes:
             batches = [corpus[i : i + b] for i in range(0, len(corpus), b)]
             start = time.perf_counter()
@@ -283,7 +290,7 @@ def embeddings_throughput(
 def score_throughput(base_url: str, model: str, requests: int = 16, pairs: int = 8) -> dict[str, Any]:
     """pairs/s for /v1/score: `requests` requests of `pairs` documents each, 4 in flight."""
     docs = workload(requests * pairs, 11, words=(30, 80))
-    with httpx.Client(base_url=base_url, timeout=600) as client:
+    with httpx.Client(base_url=base_url, timeout=600, headers=_auth()) as client:
         start = time.perf_counter()
         with ThreadPoolExecutor(4) as pool:
             list(
@@ -351,7 +358,7 @@ def overload(base_url: str, model: str, factor: int = 10, max_tokens: int = 16) 
     how fast a refusal came back, and /v1/models latency meanwhile (the ingress must
     stay responsive). Every request has a deadline, so a hang shows as `hung`.
     """
-    with httpx.Client(base_url=base_url, timeout=30) as client:
+    with httpx.Client(base_url=base_url, timeout=30, headers=_auth()) as client:
         cards = client.get("/models").raise_for_status().json()["data"]
     facts: dict[str, Any] = next(
         (c.get("metadata", {}).get("rag", {}) for c in cards if c["id"] == model), {}
@@ -370,7 +377,8 @@ def overload(base_url: str, model: str, factor: int = 10, max_tokens: int = 16) 
 
         root = base_url.rstrip("/")
         timeout = aiohttp.ClientTimeout(total=deadline_s)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=_auth()) as http:
             done = asyncio.Event()
             models_s: list[float] = []
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag.errors import ConfigError
+from rag.stack.auth import keys_from_env
 
 __all__ = [
     "CPU_MODEL_SETS",
@@ -94,8 +95,9 @@ class Settings:
         """Read every setting from the environment, falling back to the defaults."""
         return cls(
             base_url=os.environ.get("RAG_BASE_URL", f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1").rstrip("/"),
-            # Ray Serve's ingress checks no key by default; the OpenAI client insists on one.
-            api_key=os.environ.get("RAG_API_KEY", "EMPTY"),
+            # The first key RAG_API_KEY / RAG_API_KEY_FILE name, the ones `rag serve` takes;
+            # with none the edge is open, and the OpenAI client still insists on a string.
+            api_key=next(iter(keys_from_env()), "EMPTY"),
             chat_model=os.environ.get("RAG_CHAT_MODEL", "chat"),
             guard_model=os.environ.get("RAG_GUARD_MODEL", "guard"),
             embed_model=os.environ.get("RAG_EMBED_MODEL", "embed"),

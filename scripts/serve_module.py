@@ -361,10 +361,19 @@ def configs(profile: str | None = None) -> dict[str, LLMConfig]:
 
 def build_app() -> Application:
     """Our ingress over the four engines (needs Ray initialized): Ray Serve LLM's OpenAI
-    routes plus /v1/rerank, request limits and 429s (rag/stack/ingress.py)."""
+    routes plus /v1/rerank, request limits, API keys and 429s (rag/stack/ingress.py)."""
+    from rag.stack.auth import digest, keys_from_env
     from rag.stack.ingress import build_app as build_ingress
 
-    return build_ingress(CONFIGS, role_facts(PROFILE))
+    # RAG_API_KEY / RAG_API_KEY_FILE (`rag serve --api-key-file` sets them in this
+    # process only): the ingress gets each key's SHA-256, never the key.
+    metrics_port = int(os.environ.get("RAG_METRICS_PORT") or 0) or None
+    return build_ingress(
+        CONFIGS,
+        role_facts(PROFILE),
+        key_digests=tuple(digest(k) for k in keys_from_env()),
+        metrics_port=metrics_port,
+    )
 
 
 def role_facts(profile: str) -> dict[str, dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import socket
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from openai import OpenAI
 
 from rag.bench import Managed
 from rag.errors import ServeError
+from rag.stack.auth import KEY_ENV, KEY_FILE_ENV, keys_from_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOT_TIMEOUT_S = float(os.environ.get("RAG_TEST_BOOT_TIMEOUT_S", "900"))
@@ -64,21 +66,47 @@ class Stack:
     """A running `rag serve` (or one named by RAG_TEST_BASE_URL)."""
 
     def __init__(
-        self, base_url: str, log: Path | None, pid: int | None = None, metrics_url: str | None = None
+        self,
+        base_url: str,
+        log: Path | None,
+        keys: tuple[str, ...],
+        pid: int | None = None,
+        metrics_url: str | None = None,
     ) -> None:
         self.base_url = base_url
         self.log = log
+        self.keys = keys  # the API keys it accepts (a reused stack: the one RAG_API_KEY names)
+        self.api_key = keys[0] if keys else "EMPTY"
         self.pid = pid  # of `rag serve`, when this session started it
         self.metrics_url = metrics_url  # Ray's Prometheus endpoint (RAG_TEST_METRICS_URL when reused)
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+def _key_file(folder: Path) -> tuple[Path, tuple[str, str]]:
+    """Two API keys in a file only its owner reads, as a user would keep them."""
+    keys = (f"test-{secrets.token_hex(16)}", f"test-{secrets.token_hex(16)}")
+    path = folder / "api-keys"
+    path.write_text(f"# keys of this test session\n{keys[0]}\n\n{keys[1]}\n")
+    path.chmod(0o600)
+    return path, keys
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """Boot `rag serve` on a free port, yield its URL, stop it and prove nothing is left."""
     if url := os.environ.get("RAG_TEST_BASE_URL"):  # reuse a running stack while developing
-        yield Stack(url.rstrip("/"), None, metrics_url=os.environ.get("RAG_TEST_METRICS_URL"))
+        keys = keys_from_env()
+        yield Stack(url.rstrip("/"), None, keys, metrics_url=os.environ.get("RAG_TEST_METRICS_URL"))
         return
-    log = tmp_path_factory.mktemp("stack") / "serve.log"
+    folder = tmp_path_factory.mktemp("stack")
+    log = folder / "serve.log"
+    # Keys reach `rag serve` and every `rag` client of the suite through the file alone.
+    key_file, keys = _key_file(folder)
+    os.environ.pop(KEY_ENV, None)
+    os.environ[KEY_FILE_ENV] = str(key_file)
     metrics_port = free_port()
     cmd = [
         sys.executable,
@@ -99,7 +127,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         if line.startswith(("cpu:", "all four engines", "memory:", "  per engine:")):
             report(request, line.strip())
     try:
-        yield Stack(server.url, log, server.proc.pid, f"http://127.0.0.1:{metrics_port}/metrics")
+        yield Stack(server.url, log, keys, server.proc.pid, f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         killed = server.stop()
         assert server.proc.returncode == 0, (
@@ -111,13 +139,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
 @pytest.fixture(scope="module")
 def oai(stack: Stack) -> OpenAI:
     """The OpenAI client a user has, pointed at the stack (no client-side retries)."""
-    return OpenAI(base_url=stack.base_url, api_key="EMPTY", timeout=300, max_retries=0)
+    return OpenAI(base_url=stack.base_url, api_key=stack.api_key, timeout=300, max_retries=0)
 
 
 @pytest.fixture(scope="module")
 def http(stack: Stack) -> httpx.Client:
     """Plain HTTP against the stack's /v1."""
-    return httpx.Client(base_url=stack.base_url, timeout=300)
+    return httpx.Client(base_url=stack.base_url, timeout=300, headers=stack.auth)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

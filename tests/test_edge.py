@@ -75,11 +75,11 @@ def test_rerank_over_http_is_best_first_and_honours_top_n(http: httpx.Client) ->
     assert all(x["relevance_score"] == pytest.approx(by_index[x["index"]], abs=1e-2) for x in bare)
 
 
-def test_cohere_sdk_reranks_against_the_stack(root: str) -> None:
-    v2 = cohere.ClientV2(api_key="EMPTY", base_url=root, timeout=300)
+def test_cohere_sdk_reranks_against_the_stack(root: str, stack: Stack) -> None:
+    v2 = cohere.ClientV2(api_key=stack.api_key, base_url=root, timeout=300)
     ranked = v2.rerank(model="score", query=QUERY, documents=PASSAGES, top_n=2)
     assert [r.index for r in ranked.results][:1] == [1] and len(ranked.results) == 2
-    v1 = cohere.Client(api_key="EMPTY", base_url=root, timeout=300)
+    v1 = cohere.Client(api_key=stack.api_key, base_url=root, timeout=300)
     ranked_v1 = v1.rerank(model="score", query=QUERY, documents=PASSAGES, return_documents=True)
     assert ranked_v1.results[0].index == 1
     assert ranked_v1.results[0].document is not None and "gpu_memory" in ranked_v1.results[0].document.text
@@ -184,17 +184,21 @@ def test_unknown_model_is_a_404_in_the_openai_shape(http: httpx.Client) -> None:
     assert "gpt-9" in openai_error(http.post("/chat/completions", json=body), 404)["message"]
 
 
-def test_every_listed_route_works(http: httpx.Client, root: str) -> None:
-    paths = set(httpx.get(f"{root}/openapi.json", timeout=30).json()["paths"])
+def test_every_listed_route_works(http: httpx.Client, root: str, stack: Stack) -> None:
+    paths = set(httpx.get(f"{root}/openapi.json", timeout=30, headers=stack.auth).json()["paths"])
     assert paths == {
         "/v1/models", "/v1/models/{model}", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-        "/v1/score", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
+        "/v1/score", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize", "/health", "/metrics",
     }  # fmt: skip
-    tokens = httpx.post(f"{root}/tokenize", json={"model": "chat", "prompt": "Hello world"}, timeout=60)
+    tokens = httpx.post(
+        f"{root}/tokenize", json={"model": "chat", "prompt": "Hello world"}, timeout=60, headers=stack.auth
+    )
     assert tokens.status_code == 200, tokens.text
     ids = tokens.json()["tokens"]
     assert tokens.json()["count"] == len(ids) >= 2
-    text = httpx.post(f"{root}/detokenize", json={"model": "chat", "tokens": ids}, timeout=60)
+    text = httpx.post(
+        f"{root}/detokenize", json={"model": "chat", "tokens": ids}, timeout=60, headers=stack.auth
+    )
     assert text.status_code == 200 and text.json()["prompt"] == "Hello world", text.text
     assert http.get("/models/chat").json()["id"] == "chat"
     done = http.post(
@@ -202,7 +206,8 @@ def test_every_listed_route_works(http: httpx.Client, root: str) -> None:
     )
     assert done.status_code == 200 and done.json()["choices"][0]["text"]
     # The rest (chat, embeddings, score, rerank) are exercised above and in test_stack.py.
-    assert httpx.post(f"{root}/v1/audio/transcriptions", timeout=30).status_code == 404  # not listed
+    transcribe = httpx.post(f"{root}/v1/audio/transcriptions", timeout=30, headers=stack.auth)
+    assert transcribe.status_code == 404  # not listed
 
 
 # ------------------------------------------------------------------------- tool calls
@@ -249,7 +254,9 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_client_waits_it_out(
 
     async def burst() -> list[tuple[int, dict[str, str], str]]:
         pool = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
-        async with httpx.AsyncClient(base_url=stack.base_url, timeout=600, limits=pool) as client:
+        async with httpx.AsyncClient(
+            base_url=stack.base_url, timeout=600, limits=pool, headers=stack.auth
+        ) as client:
 
             async def one(i: int) -> tuple[int, dict[str, str], str]:
                 body = {

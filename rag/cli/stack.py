@@ -164,11 +164,26 @@ def check(path: Path, as_json: bool) -> None:
     show_default=True, show_envvar=True,
     help="Where Prometheus scrapes vLLM engine and Serve metrics (/metrics); 0 turns it off.",
 )  # fmt: skip
+@click.option(
+    "--api-key", "api_keys", multiple=True, envvar="RAG_API_KEY", show_envvar=True, metavar="KEY",
+    help="A key clients must send as `Authorization: Bearer KEY`; repeat for several (the env var "
+    "takes a comma-separated list). `ps` shows it: prefer --api-key-file.",
+)  # fmt: skip
+@click.option(
+    "--api-key-file", "key_files", multiple=True, envvar="RAG_API_KEY_FILE", show_envvar=True,
+    type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+    help="Keys, one per line (# comments); keeps them out of `ps` and shell history.",
+)  # fmt: skip
+@click.option(
+    "--allow-unauthenticated", is_flag=True,
+    help="Serve a non-loopback --host with no API key (only on a network that is yours alone).",
+)  # fmt: skip
 @click.option("--exit-after-ready", is_flag=True, hidden=True)
 @friendly
 def serve(
     host: str, port: int, profile: str | None, path: Path, num_cpus: int, boot_timeout: float,
-    metrics_port: int, exit_after_ready: bool,
+    metrics_port: int, api_keys: tuple[str, ...], key_files: tuple[Path, ...], allow_unauthenticated: bool,
+    exit_after_ready: bool,
 ) -> None:  # fmt: skip
     """Boot the four engines on this machine and serve until Ctrl-C.
 
@@ -181,7 +196,7 @@ def serve(
     /v1/embeddings, /v1/score, /v1/rerank (Cohere/Jina shape; /v2/rerank too),
     /v1/models, /tokenize, /detokenize. Requests past an engine's limits get a
     400 naming the limit; past its queue, a 429 with Retry-After. Prometheus
-    metrics on --metrics-port (README, "The edge").
+    metrics on --metrics-port (README, "The edge"). GET /health needs no key.
 
     \b
     CPU profile: bfloat16 where the CPU has AVX512-BF16 or AMX, float32
@@ -191,9 +206,19 @@ def serve(
     four answer, the memory of the whole stack is logged.
 
     \b
+    Who gets in: with a key set (--api-key-file, RAG_API_KEY), every route
+    but /health needs `Authorization: Bearer KEY`, which the OpenAI, Cohere,
+    LangChain and litellm clients send as their api_key, and `rag` sends from
+    RAG_API_KEY / RAG_API_KEY_FILE. A --host other than loopback needs a key
+    (or --allow-unauthenticated). Ray's own ports and the metrics port listen
+    on 127.0.0.1 only; /metrics on --port relays them behind the key.
+
+    \b
     Examples:
       rag serve
       rag serve --port 8100
+      openssl rand -hex 24 > ~/.rag-keys && chmod 600 ~/.rag-keys
+      rag serve --host 0.0.0.0 --api-key-file ~/.rag-keys
       RAG_CPU_MODELS=smollm2 rag serve
       RAG_CPU_DTYPE=float32 rag serve
       rag serve --metrics-port 0
@@ -209,6 +234,18 @@ def serve(
         _require_prepared()
         detect()  # a bad RAG_CPU_DTYPE fails here, in one line, before Ray starts
 
+    from rag.stack.auth import file_warning, is_loopback, load_keys
+
+    keys = load_keys(api_keys, key_files)
+    for file in key_files:
+        if warning := file_warning(file):
+            err(warning)
+    if not keys and not is_loopback(host) and not allow_unauthenticated:
+        raise ConfigError(
+            f"--host {host} puts the engines on the network, and no API key is set: give one with "
+            "--api-key-file FILE (or RAG_API_KEY), or pass --allow-unauthenticated if that network "
+            "is yours alone"
+        )
     url_out = _stdout_for_results_only()
 
     def ready(url: str) -> None:
@@ -219,7 +256,7 @@ def serve(
     serve_forever(
         deploy.module_path, host=host, port=port, profile=profile, num_cpus=num_cpus,
         boot_timeout_s=boot_timeout, log=err, on_ready=ready, metrics_port=metrics_port or None,
-        exit_after_ready=exit_after_ready,
+        api_keys=keys, exit_after_ready=exit_after_ready,
     )  # fmt: skip
 
 

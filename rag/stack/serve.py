@@ -24,11 +24,12 @@ from typing import Any
 import httpx
 
 from rag.errors import ServeError
-from rag.stack import footprint, hardware
+from rag.stack import auth, footprint, hardware
 
 __all__ = ["OFFLINE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
 
 Log = Callable[[str], None]
+LOOPBACK = "127.0.0.1"
 RAY_LOGS = Path("/tmp/ray/session_latest/logs")  # where a local Ray cluster writes engine logs
 FIRST_QUESTION = "In one sentence: what does a reranker do in a retrieval pipeline?"
 
@@ -63,6 +64,12 @@ def port_holder(host: str, port: int) -> str | None:
     return reason
 
 
+def _connect_host(host: str) -> str:
+    """Where this machine reaches a server listening on `host`, as a URL's host part."""
+    host = {"0.0.0.0": LOOPBACK, "": LOOPBACK, "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
 def _load_module(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     if spec is None or spec.loader is None:
@@ -73,7 +80,7 @@ def _load_module(path: Path) -> ModuleType:
     return module
 
 
-def probe(base_url: str, timeout_s: float = 60.0) -> dict[str, str]:
+def probe(base_url: str, timeout_s: float = 60.0, api_key: str | None = None) -> dict[str, str]:
     """Send each engine one tiny real request; role -> "ok" or the error text."""
     results: dict[str, str] = {}
     requests: dict[str, tuple[str, dict[str, Any]]] = {
@@ -85,7 +92,8 @@ def probe(base_url: str, timeout_s: float = 60.0) -> dict[str, str]:
         "score": ("/score", {"model": "score", "text_1": "ok", "text_2": ["ok"]}),
         "guard": ("/score", {"model": "guard", "text_1": "hello", "text_2": ["(none)"]}),
     }
-    with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers) as client:
         models = client.get("/models").json()
         facts = {m["id"]: (m.get("metadata") or {}).get("rag") or {} for m in models.get("data", [])}
         for role, (path, body) in requests.items():
@@ -99,10 +107,11 @@ def probe(base_url: str, timeout_s: float = 60.0) -> dict[str, str]:
     return results
 
 
-def first_answer(base_url: str, question: str = FIRST_QUESTION) -> str:
+def first_answer(base_url: str, question: str = FIRST_QUESTION, api_key: str | None = None) -> str:
     """One real chat completion, so a person sees the stack answer."""
     body = {"model": "chat", "messages": [{"role": "user", "content": question}], "max_tokens": 48}
-    r = httpx.post(f"{base_url}/chat/completions", json=body, timeout=120)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.post(f"{base_url}/chat/completions", json=body, timeout=120, headers=headers)
     r.raise_for_status()
     return " ".join(str(r.json()["choices"][0]["message"]["content"]).split())
 
@@ -200,11 +209,23 @@ def _start_ray(num_cpus: int, host: str, metrics_port: int | None, log: Log) -> 
     import psutil
     import ray
 
+    # Ray turns a loopback node address into the machine's reachable one unless this
+    # switch (meant for laptops) is off; with it, every Ray server binds 127.0.0.1. Ray's
+    # processes read it from their environment, this one from the constant Ray set on
+    # import (which may have happened already).
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
             ray.init(
                 num_cpus=num_cpus,
                 include_dashboard=False,
+                # One machine: Ray's GCS, raylet, agents, every worker's gRPC port and the
+                # metrics endpoint listen on loopback only (Ray binds 0.0.0.0 otherwise);
+                # Serve's HTTP proxy alone listens on --host.
+                _node_ip_address=LOOPBACK,
                 # Ray's metrics agent serves every process's metrics here; None: a random port.
                 _metrics_export_port=metrics_port,
                 log_to_driver=False,  # engine logs go to Ray's session folder, not the terminal
@@ -250,12 +271,16 @@ def serve_forever(
     log: Log,
     on_ready: Callable[[str], None],
     metrics_port: int | None = None,
+    api_keys: tuple[str, ...] = (),
     exit_after_ready: bool = False,
 ) -> None:
     """Boot, wait until all four engines answer, call on_ready(url), serve until stopped.
 
     With `metrics_port`, Ray's Prometheus endpoint (vLLM engine and Serve metrics)
-    listens on that port of this machine.
+    listens on that port of 127.0.0.1, and /metrics relays it behind the API key.
+    With `api_keys`, every route but /health needs one of them. The keys stay in this
+    process: they are taken out of the environment Ray's processes inherit, and the
+    serve module hands the ingress only their digests.
     """
     ports = [(port, "--port (or RAG_PORT)")]
     if metrics_port:
@@ -269,6 +294,8 @@ def serve_forever(
             )
     os.environ.update(OFFLINE_ENV)
     os.environ["RAG_PROFILE"] = profile
+    for name in (auth.KEY_ENV, auth.KEY_FILE_ENV):  # not for Ray's processes to inherit
+        os.environ.pop(name, None)
 
     from ray import serve
 
@@ -285,6 +312,9 @@ def serve_forever(
     try:
         logs = RAY_LOGS
         serve.start(http_options={"host": host, "port": port})
+        # For the serve module, read in this process only (Ray's are started already).
+        os.environ[auth.KEY_ENV] = ",".join(api_keys)
+        os.environ["RAG_METRICS_PORT"] = str(metrics_port or 0)
         # vLLM logs to stdout on import; stdout is for the URL alone.
         with contextlib.redirect_stdout(sys.stderr):
             module = _load_module(module_path)
@@ -320,8 +350,9 @@ def serve_forever(
                     f"--boot-timeout or read the logs in {logs}"
                 )
             time.sleep(2)
-        url = f"http://{host}:{port}/v1"
-        results = probe(url)
+        url = f"http://{_connect_host(host)}:{port}/v1"
+        key = api_keys[0] if api_keys else None
+        results = probe(url, api_key=key)
         bad = {r: v for r, v in results.items() if v != "ok"}
         if bad:
             raise ServeError(
@@ -330,13 +361,20 @@ def serve_forever(
                 + f" (logs: {logs})"
             )
         log(f"all four engines answered in {time.monotonic() - start:.0f} s")
+        if api_keys:
+            log(f"API keys: {len(api_keys)} accepted; every route but /health needs `Authorization: Bearer`")
+        else:
+            log(f"no API key set: anyone who reaches {host}:{port} may use the engines")
         if metrics_port:
-            log(f"metrics: http://{host}:{metrics_port}/metrics (Prometheus; vLLM engines and Serve)")
+            log(
+                f"metrics: http://127.0.0.1:{metrics_port}/metrics on this machine, "
+                f"{url.removesuffix('/v1')}/metrics{' with a key' if api_keys else ''} (Prometheus)"
+            )
         mem = footprint.measure(os.getpid(), "rag serve")
         log(f"memory: {mem.summary()}")
         log("  per engine: " + ", ".join(f"{r} {b / footprint.GiB:.2f}" for r, b in mem.by_role().items()))
         try:
-            log(f"first answer from `chat`: {first_answer(url)}")
+            log(f"first answer from `chat`: {first_answer(url, api_key=key)}")
         except httpx.HTTPError as exc:  # the probe passed; a slow first answer is no reason to stop
             log(f"first answer from `chat` failed: {exc}")
         on_ready(url)
