@@ -118,6 +118,28 @@ def test_serve_with_an_unknown_cpu_dtype_names_the_choices(
     assert "RAG_CPU_DTYPE='fp8': choose one of bfloat16, float32" in one_line_error(result.output)
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--host", "0.0.0.0"], "no API key is set: give one with --api-key-file FILE"),
+        (["--host", "0.0.0.0", "--api-key", "short"], "too short"),
+        (["--api-key-file", "/nonexistent/keys"], "/nonexistent/keys does not exist"),
+    ],
+    ids=["network-without-key", "short-key", "missing-key-file"],
+)
+def test_serve_refuses_an_open_network_or_a_bad_key_before_anything_starts(
+    runner: CliRunner, fake_models: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], needle: str
+) -> None:
+    monkeypatch.delenv("RAG_API_KEY", raising=False)
+    monkeypatch.delenv("RAG_API_KEY_FILE", raising=False)
+    result = runner.invoke(main, ["serve", "--profile", "cpu", "--port", str(free_port()), *args])
+    assert result.exit_code == 1
+    line = one_line_error(result.output)
+    assert needle in line, line
+    if "--host" in args and "--api-key" not in args:
+        assert "--allow-unauthenticated" in line
+
+
 def test_serve_on_a_taken_port_says_so(runner: CliRunner, fake_models: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -90,10 +90,79 @@ def test_rerank_refuses_what_it_cannot_do(http: httpx.Client) -> None:
         "documents"
         in openai_error(http.post("/rerank", json={"model": "score", "query": "q"}), 400)["message"]
     )
-    fields = {"model": "score", "query": "q", "documents": ["a"], "rank_fields": ["title"]}
-    assert openai_error(http.post("/rerank", json=fields), 400)["param"] == "rank_fields"
+    fields = {"model": "score", "query": "q", "documents": [{"body": "a"}], "rank_fields": ["title"]}
+    assert openai_error(http.post("/rerank", json=fields), 400)["param"] == "documents[0]"
     too_many = {"model": "score", "query": "q", "documents": ["d"] * 1000}
     assert openai_error(http.post("/rerank", json=too_many), 400)["param"] == "documents"
+    for field, value in (("frobnicate", 1), ("return_embeddings", True)):  # no shape defines the first
+        body = {"model": "score", "query": "q", "documents": ["a"], field: value}
+        assert openai_error(http.post("/rerank", json=body), 400)["param"] == field
+
+
+# Every field some rerank shape defines, with a value that makes it do something.
+EVERY_FIELD = {
+    "top_n": 2, "return_documents": True, "max_chunks_per_doc": 4,  # Cohere v1
+    "max_tokens_per_doc": 512, "priority": 3,  # Cohere v2 (and vLLM)
+    "return_embeddings": False,  # Jina
+    "max_tokens_per_query": 64, "truncate_prompt_tokens": 1024, "truncation_side": "right",  # vLLM
+    "use_activation": True, "user": "tests", "request_id": "rerank-every-field", "cache_salt": "salt-1",
+}  # fmt: skip
+
+
+def test_rerank_takes_every_field_cohere_jina_and_vllm_define(http: httpx.Client) -> None:
+    body = {"model": "score", "query": QUERY, "documents": PASSAGES, **EVERY_FIELD}
+    r = http.post("/rerank", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "rerank-every-field" and [x["index"] for x in r.json()["results"]][:1] == [1]
+    # Cohere v1's object documents, ranked on the fields it names, come back as sent.
+    docs = [{"title": "Fruit", "body": PASSAGES[0]}, {"title": "Engines", "body": PASSAGES[1]}]
+    fielded = {"model": "score", "query": QUERY, "documents": docs, "rank_fields": ["title", "body"]}
+    top = http.post("/rerank", json=fielded).json()["results"][0]
+    assert top["index"] == 1 and top["document"] == docs[1]
+
+
+def test_max_tokens_per_doc_cuts_each_document_before_it_is_scored(http: httpx.Client) -> None:
+    def rerank(**more: Any) -> dict[str, Any]:
+        body = {"model": "score", "query": QUERY, "documents": PASSAGES[1:2], **more}
+        r = http.post("/rerank", json=body)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    whole, cut = rerank(), rerank(max_tokens_per_doc=3)
+    assert cut["usage"]["prompt_tokens"] < whole["usage"]["prompt_tokens"]
+    assert cut["results"][0]["relevance_score"] != whole["results"][0]["relevance_score"]
+    assert cut["results"][0]["document"]["text"] == PASSAGES[1]  # the document returned is the one sent
+
+
+def test_langchain_cohere_rerank_compresses_against_the_stack(root: str, stack: Stack) -> None:
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+
+    # compress_documents sends max_tokens_per_doc, which the ingress refused before.
+    reranker = CohereRerank(cohere_api_key=stack.api_key, base_url=root, model="score", top_n=2)
+    kept = reranker.compress_documents([Document(page_content=p) for p in PASSAGES], QUERY)
+    assert [d.page_content for d in kept][:1] == [PASSAGES[1]] and len(kept) == 2
+    assert kept[0].metadata["relevance_score"] >= kept[1].metadata["relevance_score"]
+
+
+@pytest.mark.parametrize("provider", ["cohere", "jina_ai", "hosted_vllm"])
+def test_litellm_rerank_through_each_provider_shape(
+    root: str, stack: Stack, provider: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of litellm's price list
+    import litellm
+
+    base = root if provider == "cohere" else f"{root}/v1"
+    ranked = litellm.rerank(
+        model=f"{provider}/score",
+        query=QUERY,
+        documents=PASSAGES,
+        top_n=2,
+        api_base=base,
+        api_key=stack.api_key,
+    )
+    assert ranked.results is not None
+    assert [r["index"] for r in ranked.results][:1] == [1] and len(ranked.results) == 2
 
 
 # ------------------------------------------------------------------------- boundary
@@ -147,6 +216,61 @@ def test_malformed_requests_get_a_4xx_in_the_openai_shape(
 
 
 HI = [{"role": "user", "content": "hi"}]
+SELF_TOOL = {
+    "type": "function",
+    "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"$ref": "#"}}}},
+}
+
+
+def json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
+def shaped(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "chat", "messages": HI, "response_format": json_schema(schema)}
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        node = {"type": "object", "properties": {"a": node}, "required": ["a"]}
+    return node
+
+
+def _optional(n: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/chat/completions", b'{"model": "chat", "messages": [{"role": "user", "content": "a \\ud800 b"}]}',
+         "messages[0].content"),
+        ("/embeddings", b'{"model": "embed", "input": ["ok", "x \\udc00"]}', "input[1]"),
+        ("/rerank", b'{"model": "score", "query": "q \\ud83d", "documents": ["a"]}', "query"),
+        ("/score", b'{"model": "score", "text_1": "q", "text_2": ["a", "b \\udfff"]}', "text_2[1]"),
+    ],
+    ids=["chat", "embeddings", "rerank", "score"],
+)  # fmt: skip
+def test_an_unpaired_surrogate_is_a_400_naming_the_field_on_every_route(
+    http: httpx.Client, path: str, body: bytes, param: str
+) -> None:
+    """Valid JSON that is not text: each engine's tokenizer failed on it with a 500."""
+    error = openai_error(http.post(path, content=body, headers={"content-type": "application/json"}), 400)
+    assert error["param"] == param and "surrogate" in error["message"]
+
+
+def test_a_structured_output_within_the_limits_still_works(http: httpx.Client) -> None:
+    limits = next(m for m in http.get("/models").json()["data"] if m["id"] == "chat")["metadata"]["rag"][
+        "limits"
+    ]
+    assert limits["schema_max_enum_values"] > 0 and limits["schema_max_depth"] > 0  # published for clients
+    colours = ["red", "green", "blue"]
+    body = {"model": "chat", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 16,
+            "response_format": json_schema({"enum": colours})}  # fmt: skip
+    r = http.post("/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert json.loads(r.json()["choices"][0]["message"]["content"]) in colours
 
 
 @pytest.mark.parametrize(
@@ -166,11 +290,23 @@ HI = [{"role": "user", "content": "hi"}]
         ("/rerank", {"model": "chat", "query": "q", "documents": ["d"]}),
         ("/completions", {"model": "chat", "prompt": "", "max_tokens": 2}),
         ("/embeddings", {"model": "embed", "input": ["word " * 5000]}),
+        # structured output: a schema that nests too deep for Ray to pickle, one with more
+        # optional properties than llguidance keeps, a tool that refers to the joined schema
+        ("/chat/completions", shaped(_nested(100))),
+        ("/chat/completions", shaped(_optional(800))),
+        ("/chat/completions", {"model": "chat", "messages": HI,
+         "tools": [SELF_TOOL], "tool_choice": "required"}),
+        ("/chat/completions", shaped({"$ref": "#"})),
+        ("/chat/completions", {"model": "chat", "messages": HI,
+         "structured_outputs": {"regex": "(a|b){1,5000}"}}),
+        ("/completions", {"model": "chat", "prompt": "x", "structured_outputs": {"choice": ["a"] * 3000}}),
     ],
     ids=[
         "no-inputs", "no-documents", "pairs-3-to-2", "no-messages", "max_tokens-negative",
         "max_tokens-over-window", "temperature-text", "tool-without-function", "tool_choice-without-tools",
         "chat-on-embed", "embeddings-on-chat", "rerank-on-chat", "empty-prompt", "input-over-window",
+        "schema-depth-100", "schema-800-optional", "tool-root-ref", "schema-only-self", "regex-repeat",
+        "choice-3000",
     ],
 )  # fmt: skip
 def test_what_an_engine_would_choke_on_is_a_400_not_a_5xx(

@@ -11,6 +11,18 @@ import pytest
 from rag.stack.ingress import MAX_JSON_DEPTH, check_json
 from rag.stack.structured import SCHEMA_LIMITS, check_regex, check_schema, check_tools_schema
 
+
+def props(n: int, required: bool = False) -> dict[str, Any]:
+    names = [f"p{i}" for i in range(n)]
+    return {
+        "type": "object",
+        "properties": {k: {"type": "string"} for k in names},
+        "required": names if required else [],
+    }
+
+
+MUTUAL = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+DEEP_BODY = json.dumps({"x": json.loads("[" * (MAX_JSON_DEPTH + 5) + "]" * (MAX_JSON_DEPTH + 5))}).encode()
 TREE = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}},
@@ -30,7 +42,7 @@ def nested(depth: int) -> dict[str, Any]:
     [
         TREE,  # recursion through an array: a real, satisfiable schema
         {"enum": [f"v{i}" for i in range(SCHEMA_LIMITS.max_enum_values)]},
-        {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(100)}},
+        props(100),
         {"type": "string", "pattern": "^[a-z]{1,64}$"},
         nested(8),
     ],
@@ -44,18 +56,14 @@ def test_real_schemas_pass(schema: dict[str, Any]) -> None:
     ("schema", "needle"),
     [
         ({"enum": [f"v{i}" for i in range(SCHEMA_LIMITS.max_enum_values + 1)]}, "enum/const values"),
-        ({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(200)}}, "optional properties"),
-        (
-            {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1200)},
-             "required": [f"p{i}" for i in range(1200)]},
-            "1200 properties",
-        ),
+        (props(200), "optional properties"),
+        (props(1200, required=True), "1200 properties"),
         (nested(40), "nests deeper"),
         ({"type": "string", "pattern": "(a|bc){1,2000}"}, "repeats"),
         ({"enum": ["x" * 70_000]}, "bytes as JSON"),
         ({"$ref": "#"}, "refers to itself"),
         ({"anyOf": [{"$ref": "#"}]}, "refers to itself"),
-        ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "refers to itself"),
+        (MUTUAL, "refers to itself"),
     ],
     ids=["enum", "optional", "properties", "depth", "repeat", "bytes", "self", "anyOf-self", "mutual"],
 )  # fmt: skip
@@ -91,8 +99,7 @@ def test_root_references_in_tools_are_refused_when_tool_choice_joins_them() -> N
         (b'{"a": "\\ud83d"}', "a", "surrogate"),
         (b"{not json", None, "not valid JSON"),
         (b'{"a": "\xff"}', None, "not UTF-8"),
-        (json.dumps({"x": json.loads("[" * (MAX_JSON_DEPTH + 5) + "]" * (MAX_JSON_DEPTH + 5))}).encode(), "x[0][0]",
-         "nests deeper"),
+        (DEEP_BODY, "x[0][0]", "nests deeper"),
         (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", None, "nests deeper"),
     ],
     ids=["high", "low", "lone-high-at-end", "not-json", "not-utf8", "deep", "very-deep"],

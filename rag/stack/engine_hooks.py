@@ -14,6 +14,10 @@ from typing import Any
 from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 
+from rag.stack.loopback import keep_replicas_on_loopback
+
+keep_replicas_on_loopback()  # imported as each LLM replica initializes (rag/stack/loopback.py)
+
 __all__ = ["Engine", "InProcessEngine", "LocalWeights"]
 
 

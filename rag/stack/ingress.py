@@ -66,7 +66,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag.stack.auth import KeyGate
+from rag.stack.loopback import keep_replicas_on_loopback
 from rag.stack.structured import SCHEMA_LIMITS, check_regex, check_schema, check_tools_schema
+
+keep_replicas_on_loopback()  # imported as the ingress replica initializes (rag/stack/loopback.py)
 
 __all__ = [
     "ENDPOINTS",

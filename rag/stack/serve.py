@@ -25,6 +25,7 @@ import httpx
 
 from rag.errors import ServeError
 from rag.stack import auth, footprint, hardware
+from rag.stack.loopback import LOOPBACK_ENV
 
 __all__ = ["OFFLINE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
 
@@ -217,6 +218,7 @@ def _start_ray(num_cpus: int, host: str, metrics_port: int | None, log: Log) -> 
 
     os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[LOOPBACK_ENV] = "1"  # and Serve's replicas too (rag/stack/loopback.py)
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
             ray.init(
