@@ -94,12 +94,11 @@ def test_embedding_and_score_batches_are_bounded() -> None:
 def test_rerank_results_are_best_first_with_top_n_and_documents() -> None:
     request = RerankRequest(query="q", documents=["a", {"text": "b"}, "c"], top_n=2)
     scores = [{"index": 0, "score": 0.1}, {"index": 1, "score": 0.9}, {"index": 2, "score": 0.5}]
-    results = ingress._rerank_results(request, scores)
+    results = ingress._rerank_results(request, request.texts(), scores)
     assert [r["index"] for r in results] == [1, 2]
     assert results[0] == {"index": 1, "relevance_score": 0.9, "document": {"text": "b"}}
-    bare = ingress._rerank_results(
-        RerankRequest(query="q", documents=["a"], return_documents=False), scores[:1]
-    )
+    single = RerankRequest(query="q", documents=["a"], return_documents=False)
+    bare = ingress._rerank_results(single, single.texts(), scores[:1])
     assert bare == [{"index": 0, "relevance_score": 0.1}]
 
 

@@ -35,10 +35,9 @@ def stack_options(fn: F) -> F:
     )(fn)  # fmt: skip
     fn = click.option(
         "--api-key",
-        envvar="RAG_API_KEY",
         default=None,
-        show_envvar=True,
-        help="Bearer key, if the ingress wants one.",
+        help="The key `rag serve` was given [default: the first of RAG_API_KEY, else of the "
+        "file RAG_API_KEY_FILE names]. `ps` shows this option: prefer the env vars.",
     )(fn)
     fn = click.option(
         "--base-url", envvar="RAG_BASE_URL", default=None, show_envvar=True,

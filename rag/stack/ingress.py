@@ -668,7 +668,7 @@ def _refuse_status(status: int, message: str) -> Response:
     return openai_error(status, message)
 
 
-def _app(key_digests: tuple[str, ...]) -> FastAPI:
+def _app(key_digests: tuple[str, ...] = ()) -> FastAPI:
     app = init()  # Ray's FastAPI app: its middleware (request ids, metrics, errors)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
