@@ -13,7 +13,6 @@ its callers wait for it instead of failing. Every wait is reported through
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from rag import sse
 from rag.errors import EngineTimeout, HTTPStatusError, ServerUnreachable
+from rag.served import facts_from_models
 from rag.settings import Settings
 
 __all__ = ["RETRY_STATUSES", "StackClient"]
@@ -156,25 +157,24 @@ class StackClient:
 
         return self._with_retries(str(body.get("model", "?")), attempt)
 
-    def _model_cards(self) -> list[dict[str, Any]]:
-        def attempt() -> list[dict[str, Any]]:
+    def _listing(self) -> dict[str, Any]:
+        def attempt() -> dict[str, Any]:
             r = self._http.get("/models")
             self._check(r, "/models")
-            return list(r.json().get("data", []))
+            listing: dict[str, Any] = r.json()
+            return listing
 
-        result: list[dict[str, Any]] = self._with_retries("ingress", attempt)
+        result: dict[str, Any] = self._with_retries("ingress", attempt)
         return result
 
     def models(self) -> list[str]:
         """Model ids the server lists."""
-        return [m["id"] for m in self._model_cards()]
+        return [m["id"] for m in self._listing().get("data", [])]
 
     def facts(self) -> dict[str, dict[str, Any]]:
         """What the server says about each model (metadata["rag"] in /v1/models), by id."""
         if self._facts is None:
-            self._facts = {
-                m["id"]: dict((m.get("metadata") or {}).get("rag") or {}) for m in self._model_cards()
-            }
+            self._facts = facts_from_models(self._listing())
         return self._facts
 
     # ------------------------------------------------------------------ engines
@@ -235,9 +235,9 @@ class StackClient:
                     r.read()
                 self._check(r, path)
                 for line in r.iter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
+                    chunk = sse.event(line)
+                    if chunk is None:
                         continue
-                    chunk = json.loads(line[6:])
                     if chunk.get("error"):
                         error = HTTPStatusError(self._url(path), 500, str(chunk["error"]))
                         raise error if shown else _Retry("failed before its first token", error)

@@ -11,6 +11,9 @@ A question whose request fails (an engine timed out, answered an error) is
 recorded with its error and the run goes on; the measures cover the questions
 that completed. Each question's result is handed to `record` as soon as it is
 known, so a long run that is interrupted keeps what it measured.
+
+Over 300 lines: retrieval measures, answer measures and the attribution report read
+the same per-question records; one file keeps their definitions side by side.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from typing import Any, TypeVar
 from rag.answer import Source
 from rag.attribute import Attributor, Sentence
 from rag.errors import ClientError, ConfigError, ServerUnreachable
-from rag.pipeline import MODES, Answer, Pipeline
-from rag.retrieve import Hit
+from rag.pipeline import Answer, Pipeline
+from rag.retrieve import MODES, Hit
 
 __all__ = [
     "QA",

@@ -11,8 +11,9 @@ Between them the driver does what needs the whole corpus: drop repeated files
 and chunks, and keep the vectors of chunks the previous index already holds.
 Embedding goes through the served `embed` deployment over HTTP, so a cluster
 with more GPUs runs more `embed` replicas behind the same URL; `--embed-actors`
-sets how many requests are in flight. The result is written by rag.index, so
-the index is the same, file for file, as a local build's.
+sets how many requests are in flight. The result is written by rag.index's
+build (through rag.store), so the index is the same, file for file, as a local
+build's.
 
 On a cluster every node must read the files at the paths given (a shared
 filesystem) and reach the stack's URL.
@@ -33,7 +34,7 @@ import numpy as np
 
 from rag.chunk import Chunk, Chunker
 from rag.errors import ConfigError
-from rag.index import Parsed, Progress, _parse_one
+from rag.index import Parsed, Progress, parse_one
 from rag.settings import Settings
 
 __all__ = ["RayRunner"]
@@ -43,7 +44,7 @@ def _parse_batch(batch: dict[str, np.ndarray], root: str, chunker: Chunker) -> d
     """One Ray task: read and chunk a few files (the same code as the local path)."""
     out: dict[str, list[str]] = {"path": [], "sha256": [], "chunks": []}
     for path in batch["path"]:
-        rel, sha, chunks = _parse_one((Path(str(path)), Path(root), chunker))
+        rel, sha, chunks = parse_one((Path(str(path)), Path(root), chunker))
         out["path"].append(rel)
         out["sha256"].append(sha)
         out["chunks"].append(json.dumps([c.as_dict() for c in chunks], ensure_ascii=False))

@@ -1,5 +1,6 @@
 """The query path, top-down: guard in -> embed -> retrieve -> rerank -> answer -> guard out
--> attribute.
+-> attribute, each stage in its own module (rag/guard.py, rag/embed.py, rag/retrieve.py,
+rag/rerank.py, rag/answer.py, rag/attribute.py); this one runs them in order and times them.
 
 The answer streams, but no text reaches the caller before the guard has seen
 it: generated text is held back a sentence at a time and released once the
@@ -13,24 +14,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from rag.answer import NOT_COVERED, Source, build_messages, sources_from
 from rag.attribute import Attributor, Sentence, needs_fallback, release_point, render, split_sentences
 from rag.client import StackClient
+from rag.embed import embed_query
 from rag.guard import Verdict
 from rag.guard import check as guard_check
-from rag.index import PROBE, Index
-from rag.retrieve import BM25, Hit, dense, fuse, rrf
+from rag.rerank import rerank, scored_count
+from rag.retrieve import BM25, Hit, retrieve
 from rag.served import resolve
 from rag.settings import Settings
+from rag.store import Index
 
-__all__ = ["MODES", "RERANK_MODES", "Answer", "Pipeline"]
-
-MODES = ("dense", "lexical", "fused")
-RERANK_MODES = ("order", "blend", "floor")
+__all__ = ["Answer", "Pipeline"]
 
 
 @dataclass
@@ -92,37 +92,15 @@ class Pipeline:
 
     def embed_query(self, query: str) -> np.ndarray:
         """The query's vector, after proving the index's embedding model is the one answering."""
-        vecs = self.client.embed([query, PROBE])
-        self.index.check_model(self.s.embed_model, vecs[1])
-        query_vec: np.ndarray = vecs[0]
-        return query_vec
+        return embed_query(self.client.embed, self.index, self.s.embed_model, query)
 
     def retrieve(self, query: str, query_vec: np.ndarray | None, mode: str, k: int) -> list[Hit]:
         """Top-k candidates by `mode` (dense, lexical or fused)."""
-        if mode == "lexical":
-            return self.bm25.top(query, k)
-        assert query_vec is not None
-        if mode == "dense":
-            return dense(self.index.chunks, self.index.vectors, query_vec, k)
-        if mode == "fused":
-            return fuse(self.index.chunks, self.index.vectors, self.bm25, query, query_vec, k)
-        raise ValueError(f"unknown retrieval mode {mode!r}; choose one of {', '.join(MODES)}")
+        return retrieve(self.index.chunks, self.index.vectors, self.bm25, query, query_vec, mode, k)
 
     def rerank(self, query: str, hits: Sequence[Hit]) -> list[Hit]:
-        """Rescore the candidates through /v1/score and order them per RAG_RERANK_MODE:
-        `order` by the rerank score, `blend` by RRF of retrieval and rerank ranks, `floor`
-        keeping the retrieval order (the scores then only gate the relevance floor)."""
-        mode = self._settled().rerank_mode
-        scores = self.client.score(query, [h.chunk.embed_text for h in hits])
-        scored = [replace(h, rerank=s) for h, s in zip(hits, scores, strict=True)]  # retrieval order
-        if mode == "floor":
-            return scored
-        by_rerank = sorted(
-            (replace(h, score=s) for h, s in zip(scored, scores, strict=True)), key=lambda h: -h.score
-        )
-        if mode == "order":
-            return by_rerank
-        return rrf([scored, by_rerank])
+        """Rescore the candidates through /v1/score, ordered per the rerank mode (rag/rerank.py)."""
+        return rerank(self.client.score, query, hits, self._settled().rerank_mode)
 
     def search(
         self,
@@ -143,9 +121,8 @@ class Pipeline:
         with clock("retrieve"):
             hits = self.retrieve(query, vec, mode, self.s.top_k)
         if rerank and hits:
-            # In floor mode the scores only gate the sources, so only they are scored:
-            # on CPU the reranker is the slowest stage of an answer.
-            n = self.s.sources if self._settled().rerank_mode == "floor" else self.s.rerank_n
+            # On CPU the reranker is the slowest stage of an answer: score no more than matters.
+            n = scored_count(self._settled().rerank_mode, self.s.rerank_n, self.s.sources)
             with clock("rerank"):
                 hits = self.rerank(query, hits[:n]) + hits[n:]
         return hits

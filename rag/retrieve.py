@@ -14,7 +14,9 @@ import numpy as np
 
 from rag.chunk import Chunk
 
-__all__ = ["BM25", "Hit", "dense", "fuse", "rrf"]
+__all__ = ["BM25", "MODES", "Hit", "dense", "fuse", "retrieve", "rrf"]
+
+MODES = ("dense", "lexical", "fused")
 
 _WORD = re.compile(r"[a-z0-9_]+")
 # Function words carry no evidence about which chunk answers a question.
@@ -138,3 +140,24 @@ def fuse(
 ) -> list[Hit]:
     """Dense and BM25 top-k, fused by RRF, cut to k."""
     return rrf([dense(chunks, vectors, query_vec, k), bm25.top(query, k)])[:k]
+
+
+def retrieve(
+    chunks: Sequence[Chunk],
+    vectors: np.ndarray,
+    bm25: BM25,
+    query: str,
+    query_vec: np.ndarray | None,
+    mode: str,
+    k: int,
+) -> list[Hit]:
+    """Top-k candidates by `mode`: dense, lexical (no query vector needed) or fused."""
+    if mode == "lexical":
+        return bm25.top(query, k)
+    if mode not in MODES:
+        raise ValueError(f"unknown retrieval mode {mode!r}; choose one of {', '.join(MODES)}")
+    if query_vec is None:
+        raise ValueError(f"retrieval mode {mode!r} needs the query's vector")
+    if mode == "dense":
+        return dense(chunks, vectors, query_vec, k)
+    return fuse(chunks, vectors, bm25, query, query_vec, k)

@@ -1,7 +1,7 @@
 """What the server says about its models, and the client settings that follow from it.
 
 The stack's ingress lists each role's facts in /v1/models as `metadata["rag"]`
-(rag/stack/ingress.py): which reply format the guard speaks, the thresholds a
+(rag/stack/ingress/): which reply format the guard speaks, the thresholds a
 trained score-format guard was calibrated for, and what kind of reranker `score` is.
 The client reads them from the server it talks to, never from the hardware it runs
 on, so a laptop pointed at a GPU stack (RAG_BASE_URL) reads Qwen3Guard's answers as
@@ -19,11 +19,21 @@ from rag.errors import ConfigError
 from rag.guard import GUARD_FORMATS
 from rag.settings import Settings
 
-__all__ = ["RERANK_MODE_FOR", "resolve"]
+__all__ = ["RERANK_MODE_FOR", "facts_from_models", "resolve"]
 
 # A trained cross-encoder orders the candidates; an LLM asked yes/no only gates the
 # relevance floor (it ranks worse than fused retrieval on the dev set).
 RERANK_MODE_FOR = {"cross-encoder": "order", "yes-no-llm": "floor"}
+
+
+def facts_from_models(listing: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each model's facts by id, from a /v1/models response: its `metadata["rag"]`
+    ({} for a model that publishes none, as a plain vLLM server's)."""
+    return {
+        str(m["id"]): dict((m.get("metadata") or {}).get("rag") or {})
+        for m in listing.get("data", [])
+        if isinstance(m, Mapping) and "id" in m
+    }
 
 
 class FactsClient(Protocol):

@@ -1,8 +1,7 @@
-"""Every setting in one place: an env var, a default, and what it is for.
+"""Every client setting in one place: an env var, a default, and what it is for.
 
-`scripts/serve_module.py` reads the same env vars with the same defaults (it
-cannot import this package on a Ray worker that lacks it); `tests/test_settings.py`
-keeps the two in step.
+The profile facts the serving half reads (roles, model sets, the models folder,
+profile detection) live in rag/stack/profiles.py.
 """
 
 from __future__ import annotations
@@ -14,20 +13,7 @@ from pathlib import Path
 from rag.errors import ConfigError
 from rag.stack.auth import keys_from_env
 
-__all__ = [
-    "CPU_MODEL_SETS",
-    "PROFILES",
-    "ROLES",
-    "Settings",
-    "default_models_dir",
-    "detect_profile",
-]
-
-# The served model ids are the roles themselves, so a client never changes when
-# the profile (and with it the weights behind each role) does.
-ROLES: tuple[str, ...] = ("chat", "guard", "embed", "score")
-PROFILES: tuple[str, ...] = ("cpu", "gpu")
-CPU_MODEL_SETS: tuple[str, ...] = ("qwen", "qwen-1.5b", "smollm2")
+__all__ = ["Settings"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -39,23 +25,6 @@ SUPPORT_THRESHOLD = 0.72
 # the environment nor the server names one: the untrained two-token guard's (SmolLM2).
 # A trained head publishes its own, chosen on eval/guard (rag/stack/guard_head/*.json).
 GUARD_THRESHOLDS = {"input": 0.86, "output": 0.86}
-
-
-def default_models_dir() -> Path:
-    """Where prepared CPU-profile weights live (RAG_MODELS_DIR overrides)."""
-    env = os.environ.get("RAG_MODELS_DIR")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "rag-stack" / "models"
-
-
-def detect_profile() -> str:
-    """RAG_PROFILE if set, else `gpu` where an NVIDIA device is visible, else `cpu`."""
-    env = os.environ.get("RAG_PROFILE", "").strip().lower()
-    if env:
-        return env
-    return "gpu" if Path("/dev/nvidiactl").exists() else "cpu"
 
 
 @dataclass(frozen=True)

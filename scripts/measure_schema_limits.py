@@ -23,8 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rag.settings import default_models_dir
 from rag.stack.hardware import detect
+from rag.stack.profiles import default_models_dir
 from rag.stack.structured import SCHEMA_LIMITS
 
 random.seed(0)

@@ -13,10 +13,12 @@ visible, else `cpu`):
   RAG_MODELS_DIR; RAG_CPU_MODELS picks the set (`qwen`, default, `qwen-1.5b` or `smollm2`).
 
 The served model ids are the role names, so clients never change with the profile.
-Importing this file needs only Ray (`rag check` reads it on any machine); building
-`app` needs the `rag` package too, for the ingress (rag/stack/ingress.py), as the
-CPU profile does for its engine hooks. `tests/test_settings.py` keeps the env
-defaults here equal to rag.settings.
+The profile facts (model sets, role facts, models folder, profile detection) have
+their one home in rag/stack/profiles.py; importing this file needs Ray and the `rag`
+package, and starts nothing.
+
+Over 300 lines because it is data: four LLMConfigs per profile, each setting
+commented with why it has that value.
 """
 
 from __future__ import annotations
@@ -28,51 +30,20 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.llm import LLMConfig
 
+from rag.errors import ConfigError
+from rag.stack.profiles import (
+    CPU_MODEL_SETS,
+    GUARD_HEADED,
+    cpu_model_set,
+    default_models_dir,
+    detect_profile,
+    role_facts,
+)
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 MiB = 1 << 20
 
 
-def _profile() -> str:
-    env = os.environ.get("RAG_PROFILE", "").strip().lower()
-    if env:
-        return env
-    return "gpu" if Path("/dev/nvidiactl").exists() else "cpu"
-
-
-def _models_dir() -> Path:
-    env = os.environ.get("RAG_MODELS_DIR")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "rag-stack" / "models"
-
-
-# Which prepared folder backs each role on CPU (rag/stack/prepare.py builds them).
-CPU_MODEL_SETS: dict[str, dict[str, str]] = {
-    "qwen": {
-        "chat": "qwen2.5-coder-0.5b-instruct",
-        "guard": "qwen2.5-coder-0.5b-guard",
-        "score": "qwen2.5-coder-0.5b-instruct",
-        "embed": "all-minilm-l6-v2",
-    },
-    # Opt-in where the CPU computes in bf16: better answers, 1.7x the seconds (README).
-    "qwen-1.5b": {
-        "chat": "qwen2.5-coder-1.5b-instruct",
-        "guard": "qwen2.5-coder-0.5b-guard",
-        "score": "qwen2.5-coder-0.5b-instruct",
-        "embed": "all-minilm-l6-v2",
-    },
-    "smollm2": {
-        "chat": "smollm2-135m-instruct",
-        "guard": "smollm2-135m-instruct",
-        "score": "smollm2-135m-instruct",
-        "embed": "all-minilm-l6-v2",
-    },
-}
-# The guard folders that carry a trained head (rag/stack/guard_head/): their config.json
-# names a sequence classifier and the head reads the prompt of guard_head.jinja. Any
-# other guard is its LM as a two-token classifier asked whether it would refuse.
-GUARD_HEADED = {"qwen2.5-coder-0.5b-guard"}
 # vLLM needs the architecture name to bolt a two-token classifier onto a causal LM.
 _CLASSIFIER_ARCH = {
     "qwen": "Qwen2ForSequenceClassification",
@@ -97,7 +68,7 @@ def _deployment(batch: int, retry_after_s: float) -> dict[str, Any]:
     The card (or the CPU) has room for exactly one replica of each. Serve lets one
     engine batch of requests in (`max_ongoing_requests` = the engine's max_num_seqs;
     Serve's default of 5 would starve a batching engine) and one more batch wait;
-    beyond that a request is refused with 429 and Retry-After (rag/stack/ingress.py)
+    beyond that a request is refused with 429 and Retry-After (rag/stack/ingress/)
     instead of waiting minutes behind an overload (Ray's LLM default queue is unbounded).
     """
     max_ongoing_requests = batch
@@ -109,24 +80,6 @@ def _deployment(batch: int, retry_after_s: float) -> dict[str, Any]:
     }
 
 
-# What a client may ask the server about each role, served in /v1/models as each
-# model's metadata["rag"] (rag/stack/ingress.py adds the request limits): the `rag`
-# client reads the guard's reply format and the reranker's kind from there, so it
-# works the same against a stack on another machine.
-ROLE_FACTS: dict[str, dict[str, dict[str, str]]] = {
-    "gpu": {
-        "chat": {"tools": "hermes"},
-        "guard": {"guard_format": "qwen3guard"},  # Qwen3Guard-Gen answers through chat
-        "embed": {},
-        "score": {"reranker": "cross-encoder"},  # a trained reranker: its order is trusted
-    },
-    "cpu": {
-        "chat": {"tools": "hermes_json"},
-        "guard": {"guard_format": "score"},  # the chat LM as a P(unsafe) classifier on /v1/score
-        "embed": {},
-        "score": {"reranker": "yes-no-llm"},  # the chat LM asked yes/no: a relevance floor only
-    },
-}
 # Tool calls: Qwen2.5 and Qwen3 write <tool_call>{json}</tool_call>, vLLM's `hermes` parser.
 # The CPU model writes the JSON without the tags; `hermes_json` (rag/stack/tool_parser.py)
 # reads both.
@@ -225,10 +178,8 @@ KV_VALUES_PER_TOKEN = {
 
 
 def _cpu_configs() -> dict[str, LLMConfig]:
-    model_set = os.environ.get("RAG_CPU_MODELS", "qwen")
-    if model_set not in CPU_MODEL_SETS:
-        raise ValueError(f"RAG_CPU_MODELS={model_set!r}: choose one of {', '.join(CPU_MODEL_SETS)}")
-    folders = {role: str(_models_dir() / name) for role, name in CPU_MODEL_SETS[model_set].items()}
+    model_set = cpu_model_set()
+    folders = {role: str(default_models_dir() / name) for role, name in CPU_MODEL_SETS[model_set].items()}
     classifier = _two_token_classifier(_CLASSIFIER_ARCH[model_set])
 
     def placement() -> dict[str, Any]:
@@ -351,17 +302,17 @@ def _cpu_configs() -> dict[str, LLMConfig]:
 
 def configs(profile: str | None = None) -> dict[str, LLMConfig]:
     """The four configs by role for `profile` (default: RAG_PROFILE or detected)."""
-    profile = profile or _profile()
+    profile = profile or detect_profile()
     if profile == "gpu":
         return _gpu_configs()
     if profile == "cpu":
         return _cpu_configs()
-    raise ValueError(f"RAG_PROFILE={profile!r}: choose `cpu` or `gpu`")
+    raise ConfigError(f"RAG_PROFILE={profile!r}: choose `cpu` or `gpu`")
 
 
 def build_app() -> Application:
     """Our ingress over the four engines (needs Ray initialized): Ray Serve LLM's OpenAI
-    routes plus /v1/rerank, request limits, API keys and 429s (rag/stack/ingress.py)."""
+    routes plus /v1/rerank, request limits, API keys and 429s (rag/stack/ingress/)."""
     from rag.stack.auth import digest, keys_from_env
     from rag.stack.ingress import build_app as build_ingress
 
@@ -376,22 +327,6 @@ def build_app() -> Application:
     )
 
 
-def role_facts(profile: str) -> dict[str, dict[str, Any]]:
-    """ROLE_FACTS, with the thresholds a trained CPU guard head was calibrated for
-    (rag/stack/guard_head/*.json): the client blocks at them unless told otherwise."""
-    facts: dict[str, dict[str, Any]] = {role: dict(f) for role, f in ROLE_FACTS[profile].items()}
-    if profile == "cpu":
-        guard = CPU_MODEL_SETS[os.environ.get("RAG_CPU_MODELS", "qwen")]["guard"]
-        if guard in GUARD_HEADED:
-            import json
-
-            from rag.stack.prepare import GUARD_HEADS
-
-            card = json.loads(GUARD_HEADS[guard].card.read_text())
-            facts["guard"]["guard_thresholds"] = card["thresholds"]
-    return facts
-
-
 def __getattr__(name: str) -> Any:
     # PEP 562: `app` is built on first access, because building it touches Ray's
     # runtime context, which would start a local Ray cluster at import time.
@@ -403,5 +338,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CONFIGS", "PROFILE", "app", "build_app", "configs"]  # noqa: F822 - `app` is lazy
-PROFILE = _profile()
+PROFILE = detect_profile()
 CONFIGS = configs(PROFILE)

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from rag.guard import NO_REPLY  # noqa: E402
 from rag.guard_eval import GuardCase, load_guard_cases, roc_auc  # noqa: E402
-from rag.settings import default_models_dir  # noqa: E402
-from rag.stack.prepare import GUARD_HEADS, MODEL_SETS  # noqa: E402
+from rag.stack.prepare import GUARD_HEADS  # noqa: E402
+from rag.stack.profiles import CPU_MODEL_SETS, default_models_dir  # noqa: E402
 
 TEMPLATE = ROOT / "scripts" / "templates" / "guard_head.jinja"
 # The hand-written harmful replies elide their operational detail as "[REDACTED ...]",
@@ -142,7 +142,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, help="reuse the features saved here by a run on the same cases")
     args = ap.parse_args()
 
-    guard = MODEL_SETS[args.model_set]["guard"]
+    guard = CPU_MODEL_SETS[args.model_set]["guard"]
     spec = GUARD_HEADS[guard]
     base = (args.models_dir or default_models_dir()) / spec.base
     cases = load_guard_cases(args.cases)

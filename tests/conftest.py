@@ -14,9 +14,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from rag.bench import Managed
 from rag.errors import ServeError
 from rag.stack.auth import KEY_ENV, KEY_FILE_ENV, keys_from_env
+from rag.stack.process import Managed
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOT_TIMEOUT_S = float(os.environ.get("RAG_TEST_BOOT_TIMEOUT_S", "900"))

@@ -1,15 +1,25 @@
-"""A smoke run of `rag bench`: tiny parameters, both systems, every output file. No timing is asserted."""
+"""`rag bench`: its workload, knee and percentile; stopping the systems it starts (nothing of
+theirs outlives the bench); and a smoke run with tiny parameters, both systems, every output
+file. No timing is asserted."""
 
 from __future__ import annotations
 
 import json
+import statistics
+import sys
+import textwrap
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
-from rag.bench import knee, workload
+from rag.bench.stats import percentile
+from rag.bench.workload import knee, workload
 from rag.cli import main
+from rag.errors import ServeError
+from rag.stack.process import Managed
 from tests.conftest import Stack
 
 
@@ -26,6 +36,54 @@ def test_knee_is_the_last_level_before_throughput_flattens() -> None:
     ]
     assert knee(levels) == 4
     assert knee(levels[:3]) is None
+
+
+def test_percentile_is_the_inclusive_quantile_and_copes_with_few_values() -> None:
+    xs = [0.9, 0.1, 0.5, 0.3]
+    assert percentile(xs, 50) == statistics.quantiles(xs, n=100, method="inclusive")[49] == 0.4
+    assert percentile([float(v) for v in range(1, 102)], 95) == 96.0
+    assert percentile([0.123456], 99, 4) == 0.1235  # one value: that value, not an error
+    assert percentile([], 50) is None
+
+
+LEAVES_A_CHILD = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    open(sys.argv[1], "w").write(str(child.pid))
+    print("http://127.0.0.1:1/v1", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_stopping_a_started_system_kills_what_outlived_ctrl_c(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    cmd = [sys.executable, "-c", LEAVES_A_CHILD, str(pid_file)]
+    server = Managed("a server", cmd, tmp_path / "server.log", 60, lambda m: None)
+    assert server.url == "http://127.0.0.1:1/v1"
+    child = int(pid_file.read_text())
+    assert server.stop(timeout_s=30) == [child]  # Ctrl-C ended the server, not its child
+    assert gone(child, within_s=10)
+
+
+def gone(pid: int, within_s: float) -> bool:
+    """Whether `pid` has exited (a zombie has) within `within_s`: a kill lands a moment later."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_system_that_prints_no_url_is_stopped_and_named(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", "print('not ready')"]
+    with pytest.raises(ServeError, match=r"a server did not start in 60 s; see .*server\.log"):
+        Managed("a server", cmd, tmp_path / "server.log", 60, lambda m: None)
 
 
 @pytest.mark.stack

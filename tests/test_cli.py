@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from rag.cli import main
-from rag.stack.prepare import MANIFEST, MODEL_SETS
+from rag.stack.prepare import MANIFEST
+from rag.stack.profiles import CPU_MODEL_SETS
 from tests.conftest import ROOT, free_port
 
 
@@ -28,7 +29,7 @@ def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
 def fake_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A models dir whose folders look prepared but hold no weights."""
     models = tmp_path / "models"
-    for name in set(MODEL_SETS["qwen"].values()):
+    for name in set(CPU_MODEL_SETS["qwen"].values()):
         (models / name).mkdir(parents=True)
         (models / name / MANIFEST).write_text("{}")
     monkeypatch.setenv("RAG_MODELS_DIR", str(models))
@@ -49,6 +50,9 @@ def test_help_teaches_with_examples(runner: CliRunner) -> None:
     assert result.exit_code == 0
     for command in ("prepare", "serve", "check"):
         assert f"rag {command}" in result.output
+    # the first-answer tutorial, in the order a first-time user runs it
+    steps = [result.output.index(f"  rag {command}") for command in ("serve", "index corpus", "ask ")]
+    assert steps == sorted(steps)
     serve_help = runner.invoke(main, ["serve", "--help"]).output
     assert "RAG_PORT" in serve_help and "Examples:" in serve_help
 
@@ -274,7 +278,7 @@ class _Facts:
 def test_index_counts_with_the_tokenizer_of_the_source_the_server_lists(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rag.cli.ask import _served_tokenizer
+    from rag.cli.index import served_tokenizer
 
     folder = tmp_path / "all-minilm"  # the CPU profile: a prepared folder
     folder.mkdir()
@@ -283,10 +287,10 @@ def test_index_counts_with_the_tokenizer_of_the_source_the_server_lists(
     snapshot.mkdir(parents=True)  # the GPU profile: a hub name, in the Hugging Face cache
     (snapshot / "tokenizer.json").write_text("{}")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    assert _served_tokenizer(_Facts(str(folder)), "embed") == str(folder / "tokenizer.json")
-    assert _served_tokenizer(_Facts("BAAI/bge-small-en-v1.5"), "embed") == str(snapshot / "tokenizer.json")
+    assert served_tokenizer(_Facts(str(folder)), "embed") == str(folder / "tokenizer.json")
+    assert served_tokenizer(_Facts("BAAI/bge-small-en-v1.5"), "embed") == str(snapshot / "tokenizer.json")
     assert capsys.readouterr().err == ""
-    assert _served_tokenizer(_Facts("BAAI/bge-base-en-v1.5"), "embed") is None
+    assert served_tokenizer(_Facts("BAAI/bge-base-en-v1.5"), "embed") is None
     assert "(BAAI/bge-base-en-v1.5): chunk sizes are estimated (pass --tokenizer)" in capsys.readouterr().err
-    assert _served_tokenizer(_Facts(None), "embed") is None
+    assert served_tokenizer(_Facts(None), "embed") is None
     assert "(no source listed)" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from typing import Any
 import cohere
 import httpx
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError, NotFoundError, OpenAI
 
 from rag.client import StackClient
 from rag.settings import Settings
@@ -191,28 +191,33 @@ def test_a_fourth_role_is_refused_naming_the_allowed_ones(http: httpx.Client, oa
 def test_a_request_that_would_hold_an_engine_for_minutes_is_refused_at_once(
     http: httpx.Client, path: str, body: dict[str, Any], param: str
 ) -> None:
-    start = time.monotonic()
     error = openai_error(http.post(path, json=body), 400)
     assert error["param"] == param and "at most" in error["message"]
-    assert time.monotonic() - start < 30  # never queued behind an engine (a generous bound on a busy CPU)
 
 
 @pytest.mark.parametrize(
-    ("content", "ctype", "status"),
+    ("path", "content", "ctype", "status"),
     [
-        (b'{"model": "chat", "messages": []}', "text/plain", 415),
-        (b"model=chat", "application/x-www-form-urlencoded", 415),
-        (b"{not json", "application/json", 400),
-        (b'{"model": "chat", "messages": "not a list"}', "application/json", 400),
-        (b'{"model": "chat", "messages": [{"content": "no role"}]}', "application/json", 400),
-        (b'{"model": "chat", "messages": []}' + b" " * (5 << 20), "application/json", 413),
+        ("/chat/completions", b'{"model": "chat", "messages": []}', "text/plain", 415),
+        ("/chat/completions", b"model=chat", "application/x-www-form-urlencoded", 415),
+        ("/chat/completions", b"{not json", "application/json", 400),
+        ("/chat/completions", b'{"model": "chat", "messages": "not a list"}', "application/json", 400),
+        ("/chat/completions", b'{"model": "chat", "messages": [{"content": "x"}]}', "application/json", 400),
+        ("/embeddings", b'{"model": "embed"}', "application/json", 400),
+        ("/chat/completions", b'{"model": "chat"}' + b" " * (5 << 20), "application/json", 413),
     ],
-    ids=["text-plain", "form", "not-json", "messages-not-a-list", "message-without-role", "6-MiB"],
-)
+    ids=[
+        "text-plain", "form", "not-json", "messages-not-a-list", "message-without-role",
+        "embeddings-without-input", "6-MiB",
+    ],
+)  # fmt: skip
 def test_malformed_requests_get_a_4xx_in_the_openai_shape(
-    http: httpx.Client, content: bytes, ctype: str, status: int
+    http: httpx.Client, oai: OpenAI, path: str, content: bytes, ctype: str, status: int
 ) -> None:
-    openai_error(http.post("/chat/completions", content=content, headers={"content-type": ctype}), status)
+    """The boundary's table: each malformed shape once, on the real stack, which keeps serving."""
+    error = openai_error(http.post(path, content=content, headers={"content-type": ctype}), status)
+    assert error["message"].strip()
+    assert oai.models.list().data  # still serving
 
 
 HI = [{"role": "user", "content": "hi"}]
@@ -315,9 +320,12 @@ def test_what_an_engine_would_choke_on_is_a_400_not_a_5xx(
     openai_error(http.post(path, json=body), 400)
 
 
-def test_unknown_model_is_a_404_in_the_openai_shape(http: httpx.Client) -> None:
+def test_unknown_model_is_a_404_in_the_openai_shape(http: httpx.Client, oai: OpenAI) -> None:
     body = {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}
     assert "gpt-9" in openai_error(http.post("/chat/completions", json=body), 404)["message"]
+    with pytest.raises(NotFoundError) as info:  # what an OpenAI client user sees
+        oai.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+    assert "gpt-9" in info.value.message
 
 
 def test_every_listed_route_works(http: httpx.Client, root: str, stack: Stack) -> None:

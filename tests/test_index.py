@@ -1,4 +1,5 @@
-"""Index on disk: round trip, incremental updates, atomicity, model identity, no pickle.
+"""The index, built (rag.index) and on disk (rag.store): round trip, incremental updates,
+atomicity, model identity, no pickle.
 
 The embedder here is a deterministic local function (hashed bag of words), so
 these tests exercise the index's own logic; the real /v1/embeddings path is
@@ -16,9 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag import index as idx
+from rag import store
 from rag.errors import ConfigError
-from rag.index import MANIFEST, build, load_index
+from rag.index import build
+from rag.retrieve import BM25
+from rag.store import MANIFEST, PROBE, ChunkFile, load_index
 
 
 class HashEmbedder:
@@ -99,7 +102,7 @@ def test_interrupted_build_leaves_the_previous_index_usable(tmp_path: Path, corp
 
     class Interrupted(HashEmbedder):
         def embed(self, texts: Sequence[str], batch_size: int = 32, workers: int = 4) -> np.ndarray:
-            if list(texts) != [idx.PROBE]:
+            if list(texts) != [PROBE]:
                 raise KeyboardInterrupt  # Ctrl-C while the new chunks are being embedded
             return super().embed(texts)
 
@@ -116,17 +119,17 @@ def test_crash_between_data_and_manifest_keeps_old_and_cleans_up(
 ) -> None:
     build([corpus], tmp_path / "ix", HashEmbedder(), "embed")
     before = load_index(tmp_path / "ix")
-    real_replace = idx.os.replace
+    real_replace = store.os.replace
 
     def crash(src: object, dst: object) -> None:
         raise OSError("disk full")  # new generation written, manifest not yet swapped
 
-    monkeypatch.setattr(idx.os, "replace", crash)
+    monkeypatch.setattr(store.os, "replace", crash)
     (corpus / "cpu.md").write_text("# CPU\n\nchanged")
     with pytest.raises(OSError):
         build([corpus], tmp_path / "ix", HashEmbedder(), "embed")
     assert [c.id for c in load_index(tmp_path / "ix").chunks] == [c.id for c in before.chunks]
-    monkeypatch.setattr(idx.os, "replace", real_replace)
+    monkeypatch.setattr(store.os, "replace", real_replace)
     build([corpus], tmp_path / "ix", HashEmbedder(), "embed")
     assert len(list((tmp_path / "ix").iterdir())) == 5  # leftovers of the crashed run are gone
 
@@ -134,9 +137,9 @@ def test_crash_between_data_and_manifest_keeps_old_and_cleans_up(
 def test_index_refuses_another_embedding_model(tmp_path: Path, corpus: Path) -> None:
     build([corpus], tmp_path / "ix", HashEmbedder(), "embed")
     ix = load_index(tmp_path / "ix")
-    ix.check_model("embed", HashEmbedder().embed([idx.PROBE])[0])  # same model: fine
+    ix.check_model("embed", HashEmbedder().embed([PROBE])[0])  # same model: fine
     with pytest.raises(ConfigError, match="rebuild it with `rag index"):
-        ix.check_model("embed", HashEmbedder(salt="other").embed([idx.PROBE])[0])
+        ix.check_model("embed", HashEmbedder(salt="other").embed([PROBE])[0])
     with pytest.raises(ConfigError, match="384 dims"):
         ix.check_model("embed", np.ones(384, dtype=np.float32) / np.sqrt(384))
 
@@ -175,7 +178,7 @@ def test_a_query_process_maps_the_files_and_decodes_only_what_it_reads(tmp_path:
     build([corpus], tmp_path / "ix", HashEmbedder(), "embed")
     ix = load_index(tmp_path / "ix")
     assert isinstance(ix.vectors, np.memmap)
-    assert isinstance(ix.chunks, idx.ChunkFile)
+    assert isinstance(ix.chunks, ChunkFile)
     eager = [
         json.loads(line) for line in (tmp_path / "ix" / ix.manifest["chunks_file"]).read_text().splitlines()
     ]
@@ -186,7 +189,7 @@ def test_a_query_process_maps_the_files_and_decodes_only_what_it_reads(tmp_path:
     # The stored lexical index ranks exactly as one built in memory from the same chunks.
     for query in ("guard card", "port 8100", "profile models PyPI"):
         stored = [h.chunk.id for h in ix.bm25.top(query, 3)]
-        fresh = [h.chunk.id for h in idx.BM25(list(ix.chunks)).top(query, 3)]
+        fresh = [h.chunk.id for h in BM25(list(ix.chunks)).top(query, 3)]
         assert stored == fresh and stored
 
 
@@ -208,4 +211,4 @@ def test_a_format_1_index_is_still_read_and_upgraded_without_embedding_again(
     stats = build([corpus], folder, emb, "embed")
     assert stats.chunks_embedded == 0 and emb.texts == before + 1  # only the probe sentence
     upgraded = load_index(folder)
-    assert upgraded.manifest["format"] == idx.FORMAT and isinstance(upgraded.chunks, idx.ChunkFile)
+    assert upgraded.manifest["format"] == store.FORMAT and isinstance(upgraded.chunks, ChunkFile)

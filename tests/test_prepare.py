@@ -120,7 +120,7 @@ def test_shipped_specs_pin_every_wheel_by_sha256() -> None:
 
 def test_prepared_cpu_models_verify(tmp_path: Path) -> None:
     """The weights `make test` prepared are intact (skipped only before `rag prepare`)."""
-    from rag.settings import default_models_dir
+    from rag.stack.profiles import default_models_dir
 
     folder = default_models_dir() / "qwen2.5-coder-0.5b-instruct"
     if not folder.exists():

@@ -11,6 +11,7 @@ from rag.answer import NOT_COVERED, Source, build_messages, format_sources, sour
 from rag.attribute import strip_markers
 from rag.chunk import Chunk
 from rag.guard import check, parse_qwen3guard
+from rag.rerank import rerank, scored_count
 from rag.retrieve import BM25, Hit, _top, dense, rrf
 
 
@@ -61,6 +62,29 @@ def test_rrf_rewards_agreement_and_keeps_both_scores() -> None:
     assert [h.chunk.id for h in fused] == ["c2", "c1", "c3"]
     assert fused[0].score == pytest.approx(1 / 62 + 1 / 61)
     assert (fused[0].dense, fused[0].lexical) == (0.8, 5.0)
+
+
+def test_rerank_modes_order_floor_and_blend() -> None:
+    retrieved = [Hit(c, 1.0 - i / 10) for i, c in enumerate(CHUNKS)]  # c1, c2, c3
+    given = {"c1": 0.2, "c2": 0.9, "c3": 0.5}
+
+    def score(query: str, documents: list[str]) -> list[float]:
+        by_text = {c.embed_text: given[c.id] for c in CHUNKS}
+        return [by_text[d] for d in documents]
+
+    def ids(mode: str) -> list[str]:
+        return [h.chunk.id for h in rerank(score, "q", retrieved, mode)]
+
+    assert ids("order") == ["c2", "c3", "c1"]
+    assert ids("floor") == ["c1", "c2", "c3"]
+    assert ids("blend") == ["c2", "c1", "c3"]  # c2: 1/62 + 1/61 beats c1: 1/61 + 1/63
+    assert [h.rerank for h in rerank(score, "q", retrieved, "floor")] == [0.2, 0.9, 0.5]
+    assert (scored_count("floor", rerank_n=8, sources=3), scored_count("order", rerank_n=8, sources=3)) == (
+        3,
+        8,
+    )
+    with pytest.raises(ValueError, match="order, blend, floor"):
+        rerank(score, "q", retrieved, "best")
 
 
 SOURCES = [Source(1, "gpu.md", "Memory", "guard 0.40", 0.9), Source(2, "cpu.md", "", "17 GiB", 0.5)]

@@ -16,10 +16,11 @@ from rag.attribute import UNSUPPORTED, strip_markers
 from rag.cli import main
 from rag.client import StackClient
 from rag.guard import Verdict
-from rag.index import load_index
 from rag.pipeline import Pipeline
+from rag.rerank import RERANK_MODES
 from rag.settings import Settings
 from rag.stack.prepare import GUARD_HEADS
+from rag.store import load_index
 from tests.conftest import ROOT, Stack
 
 pytestmark = pytest.mark.stack
@@ -63,7 +64,7 @@ def test_ray_data_pipeline_on_a_local_ray_writes_the_same_index(
     indexed: dict[str, str], tmp_path: Path
 ) -> None:
     """`rag index --ray`: parse and embed as Ray Data stages on a private local Ray."""
-    from rag.index import load_index
+    from rag.store import load_index
 
     env = {**indexed, "RAG_INDEX_DIR": str(tmp_path / "ray-index")}
     result = CliRunner().invoke(main, ["index", str(ROOT / "corpus"), "--ray", "--json"], env=env)
@@ -207,6 +208,34 @@ def _pipeline(env: dict[str, str], **changes: object) -> Pipeline:
         Settings.from_env(), base_url=env["RAG_BASE_URL"], index_dir=Path(env["RAG_INDEX_DIR"]), **changes
     )
     return Pipeline(s, StackClient(s), load_index(s.index_dir))
+
+
+@pytest.mark.parametrize("mode", RERANK_MODES)
+def test_each_rerank_mode_orders_the_real_rerankers_scores_as_it_says(
+    indexed: dict[str, str], mode: str
+) -> None:
+    question = "How is GPU memory split between the engines?"
+    pipe = _pipeline(indexed, rerank_mode=mode)
+    retrieved = pipe.search(question, rerank=False)
+    ranked = pipe.search(question)
+    n = pipe.s.sources if mode == "floor" else pipe.s.rerank_n
+    ids = [h.chunk.id for h in retrieved]
+    head = ranked[:n]
+    assert sorted(h.chunk.id for h in head) == sorted(ids[:n])  # the same candidates, rescored
+    assert [h.chunk.id for h in ranked[n:]] == ids[n:]  # the rest untouched, unscored
+    assert all(h.rerank is not None for h in head) and all(h.rerank is None for h in ranked[n:])
+    assert all(0.0 <= h.rerank <= 1.0 for h in head if h.rerank is not None)
+    rerank = {h.chunk.id: h.rerank for h in head}
+    by_rerank = sorted(
+        ids[:n], key=lambda cid: -float(rerank[cid] or 0.0)
+    )  # stable: ties keep retrieval order
+    if mode == "floor":  # only gates the sources: the retrieval order stays
+        assert [h.chunk.id for h in head] == ids[:n]
+    elif mode == "order":
+        assert [h.chunk.id for h in head] == by_rerank
+    else:  # blend: reciprocal-rank fusion of both orders (k = 60)
+        fused = {cid: 1 / (60 + ids.index(cid) + 1) + 1 / (60 + by_rerank.index(cid) + 1) for cid in ids[:n]}
+        assert [h.chunk.id for h in head] == sorted(ids[:n], key=lambda cid: -fused[cid])
 
 
 def _words(text: str) -> list[str]:

@@ -89,6 +89,7 @@ def test_a_bad_argument_is_not_tried_twice(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(calls) == 1
 
 
+@pytest.mark.ray
 def test_a_metrics_port_taken_during_a_real_ray_start_names_the_port_and_its_holder() -> None:
     """What CI met once: the metrics port free at our check, taken when Ray's agent binds it.
 

@@ -1,4 +1,5 @@
-"""The client's settings and the serve module read the same env vars with the same defaults."""
+"""The serve module builds its configs from the profile facts (rag/stack/profiles.py),
+and serves the model ids the client asks for by default."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from types import ModuleType
 import pytest
 
 from rag import settings
-from rag.stack import prepare
+from rag.errors import ConfigError
+from rag.stack import profiles
 from tests.conftest import ROOT
 
 
@@ -40,33 +42,42 @@ def test_served_model_ids_are_the_clients_default_model_names(
         "embed": s.embed_model,
         "score": s.score_model,
     }
-    assert tuple(ids) == settings.ROLES
+    assert tuple(ids) == profiles.ROLES
 
 
-def test_models_dir_default_and_override_agree(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    module = _serve_module(monkeypatch, RAG_PROFILE="cpu")
-    assert module._models_dir() == settings.default_models_dir()
-    module = _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_MODELS_DIR=str(tmp_path))
-    assert module._models_dir() == settings.default_models_dir() == tmp_path
-    chat = module.CONFIGS["chat"].model_loading_config.model_source
-    assert chat == str(tmp_path / prepare.MODEL_SETS["qwen"]["chat"])
+def test_the_cpu_configs_read_the_models_folder_and_set_from_the_profile_facts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    module = _serve_module(
+        monkeypatch, RAG_PROFILE="cpu", RAG_MODELS_DIR=str(tmp_path), RAG_CPU_MODELS="smollm2"
+    )
+    assert profiles.default_models_dir() == tmp_path
+    sources = {role: cfg.model_loading_config.model_source for role, cfg in module.CONFIGS.items()}
+    assert sources == {
+        role: str(tmp_path / name) for role, name in profiles.CPU_MODEL_SETS["smollm2"].items()
+    }
 
 
-def test_profile_detection_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _serve_module(monkeypatch)
-    assert module._profile() == settings.detect_profile()
-    monkeypatch.setenv("RAG_PROFILE", "gpu")
-    assert module._profile() == settings.detect_profile() == "gpu"
+def test_models_folder_defaults_to_the_user_cache(tmp_path: Path) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    assert profiles.default_models_dir(env) == tmp_path / "rag-stack" / "models"
+    assert profiles.default_models_dir({"RAG_MODELS_DIR": "~/m"}) == Path.home() / "m"
 
 
-def test_cpu_model_sets_are_the_same_data(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _serve_module(monkeypatch, RAG_PROFILE="cpu").CPU_MODEL_SETS == prepare.MODEL_SETS
-    assert tuple(prepare.MODEL_SETS) == settings.CPU_MODEL_SETS
+def test_profile_detection_reads_rag_profile_first() -> None:
+    assert profiles.detect_profile({"RAG_PROFILE": " GPU "}) == "gpu"
+    assert profiles.detect_profile({}) == ("gpu" if Path("/dev/nvidiactl").exists() else "cpu")
 
 
-def test_unknown_cpu_model_set_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match=r"qwen, qwen-1\.5b, smollm2"):
+def test_unknown_cpu_model_set_is_refused_naming_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"RAG_CPU_MODELS='llama': choose one of qwen, qwen-1\.5b, smollm2"):
         _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_CPU_MODELS="llama")
+    assert profiles.cpu_model_set({}) == "qwen"
+
+
+def test_an_unknown_profile_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="RAG_PROFILE='tpu': choose `cpu` or `gpu`"):
+        _serve_module(monkeypatch, RAG_PROFILE="tpu")
 
 
 def test_importing_the_serve_module_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,5 +106,5 @@ def test_every_engine_has_a_bounded_queue_sized_from_its_batch_and_chat_has_tool
     chat = module.CONFIGS["chat"].engine_kwargs
     assert chat["enable_auto_tool_choice"] is True
     assert chat["tool_call_parser"] == {"cpu": "hermes_json", "gpu": "hermes"}[profile]
-    facts = module.ROLE_FACTS[profile]
+    facts = profiles.role_facts(profile)
     assert facts["guard"]["guard_format"] == {"cpu": "score", "gpu": "qwen3guard"}[profile]

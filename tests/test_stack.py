@@ -7,9 +7,9 @@ import math
 import httpx
 import numpy as np
 import pytest
-from openai import BadRequestError, NotFoundError, OpenAI
+from openai import BadRequestError, OpenAI
 
-from rag.settings import ROLES
+from rag.stack.profiles import ROLES
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -87,31 +87,6 @@ def test_request_without_model_is_refused_readably(http: httpx.Client, oai: Open
     r = http.post("/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert 400 <= r.status_code < 500
     assert "model" in r.text.lower()
-    _still_serving(oai)
-
-
-def test_unknown_model_is_refused_readably(oai: OpenAI) -> None:
-    with pytest.raises((NotFoundError, BadRequestError)) as info:
-        oai.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
-    # Our ingress answers in the OpenAI error shape, which the OpenAI client unpacks.
-    assert "gpt-9" in info.value.message
-    _still_serving(oai)
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        b"{not json",
-        b'{"model": "chat", "messages": "not a list"}',
-        b'{"model": "embed"}',
-    ],
-    ids=["not-json", "messages-not-a-list", "embeddings-without-input"],
-)
-def test_malformed_body_gets_a_4xx(http: httpx.Client, oai: OpenAI, body: bytes) -> None:
-    path = "/embeddings" if b"embed" in body else "/chat/completions"
-    r = http.post(path, content=body, headers={"content-type": "application/json"})
-    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
-    assert r.text.strip()
     _still_serving(oai)
 
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from rag.cli._common import CONTEXT, err, friendly, main
+from rag.cli.common import CONTEXT, err, friendly, main
 from rag.errors import ConfigError
-from rag.settings import Settings, default_models_dir
+from rag.settings import Settings
+from rag.stack.profiles import CPU_MODEL_SETS, cpu_model_set, default_models_dir
 
 
 @main.command(context_settings=CONTEXT)
@@ -85,8 +85,16 @@ def bench(
       rag bench                                   # full CPU sweep (~20 minutes)
       rag bench --levels 1,2 --min-requests 2 --max-tokens 4 --no-extras
     """
-    from rag import bench as b
-    from rag.stack.prepare import MODEL_SETS
+    from rag.bench.probes import (
+        ask_latency,
+        embeddings_throughput,
+        overload,
+        query_overhead,
+        score_throughput,
+    )
+    from rag.bench.report import machine, markdown, write
+    from rag.bench.systems import start_baseline, start_stack
+    from rag.bench.workload import run_sweep, summarize
 
     try:
         level_list = sorted({int(x) for x in levels.split(",") if x.strip()})
@@ -98,9 +106,7 @@ def bench(
     if not chosen or set(chosen) - {"ours", "baseline"}:
         raise click.BadParameter("ours, baseline or ours,baseline", param_hint="--systems")
     s = Settings.from_env()
-    model_dir = (
-        baseline_model or default_models_dir() / MODEL_SETS[os.environ.get("RAG_CPU_MODELS", "qwen")]["chat"]
-    )
+    model_dir = baseline_model or default_models_dir() / CPU_MODEL_SETS[cpu_model_set()]["chat"]
     if "baseline" in chosen and not baseline_url and not (Path(model_dir) / "config.json").is_file():
         raise ConfigError(
             f"no model weights in {model_dir} for the baseline; run `rag prepare` or pass --baseline-model"
@@ -108,7 +114,7 @@ def bench(
     work = out / "logs"
     work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "machine": b.machine(), "seed": seed, "max_tokens": max_tokens, "levels": level_list,
+        "machine": machine(), "seed": seed, "max_tokens": max_tokens, "levels": level_list,
         "min_requests": min_requests, "systems": {}, "extras": {},
     }  # fmt: skip
     for name in chosen:
@@ -116,31 +122,31 @@ def bench(
         managed = None
         if not given:
             managed = (
-                b.start_stack(port, work, err)
+                start_stack(port, work, err)
                 if name == "ours"
-                else b.start_baseline(str(model_dir), port + 1, work, err)
+                else start_baseline(str(model_dir), port + 1, work, err)
             )
         url = (given or (managed.url if managed else "")).rstrip("/")
         try:
             err(f"{name}: sweeping {level_list} at {url}")
             model = s.chat_model
-            sweep = b.run_sweep(
+            sweep = run_sweep(
                 url, model, level_list, min_requests=min_requests, max_tokens=max_tokens, seed=seed, log=err
             )
-            report["systems"][name] = b.summarize(sweep)
+            report["systems"][name] = summarize(sweep)
             if name == "ours" and extras:
                 err("ours: embeddings, score and rag ask latency")
-                report["extras"]["embeddings"] = b.embeddings_throughput(url, s.embed_model, [1, 8, 32, 128])
-                report["extras"]["score"] = b.score_throughput(url, s.score_model)
+                report["extras"]["embeddings"] = embeddings_throughput(url, s.embed_model, [1, 8, 32, 128])
+                report["extras"]["score"] = score_throughput(url, s.score_model)
                 qs = [
                     json.loads(line)["question"]
                     for line in Path("eval/dev.jsonl").read_text().splitlines()[:8]
                 ]
-                report["extras"]["ask"] = b.ask_latency(url, Path("corpus"), qs, [1, 8], work)
+                report["extras"]["ask"] = ask_latency(url, Path("corpus"), qs, [1, 8], work)
                 err("ours: overload, 10x the chat engine's batch at once")
-                report["extras"]["overload"] = b.overload(url, s.chat_model)
+                report["extras"]["overload"] = overload(url, s.chat_model)
                 err("query overhead on a synthetic index of 100k chunks")
-                report["extras"]["query_overhead"] = b.query_overhead(work)
+                report["extras"]["query_overhead"] = query_overhead(work)
         finally:
             if managed:
                 managed.stop()
@@ -157,6 +163,6 @@ def bench(
             "ttft_ratio_at_1": ttft_1,
             "want": {"tokens_per_s_ratio_at_16": ">= 10", "ttft_ratio_at_1": "<= 1.2"},
         }
-    b.write(report, out)
-    click.echo(b.markdown(report))
+    write(report, out)
+    click.echo(markdown(report))
     err(f"wrote {out}/bench.json, bench.md and bench.png")

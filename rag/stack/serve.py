@@ -3,6 +3,10 @@
 Shows each engine's state while it loads, probes all four with a real request,
 prints the base URL, then serves until Ctrl-C (or SIGTERM), when it shuts Serve
 and the local Ray cluster down so that no process is left behind.
+
+Over 300 lines because a boot is one story told in order (ports, Ray, the app, the
+wait with each engine's state, the probe, the stop) and each step's failure message
+needs what the step before it learned; split, the reader would jump between files.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from typing import Any
 import httpx
 
 from rag.errors import ServeError
+from rag.guard import NO_REPLY
+from rag.served import facts_from_models
 from rag.stack import auth, footprint, hardware
 from rag.stack.loopback import LOOPBACK_ENV
+from rag.stack.process import end_tree
+from rag.stack.profiles import cpu_model_set
 
 __all__ = ["OFFLINE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
 
@@ -91,12 +99,12 @@ def probe(base_url: str, timeout_s: float = 60.0, api_key: str | None = None) ->
         ),
         "embed": ("/embeddings", {"model": "embed", "input": ["ok"]}),
         "score": ("/score", {"model": "score", "text_1": "ok", "text_2": ["ok"]}),
-        "guard": ("/score", {"model": "guard", "text_1": "hello", "text_2": ["(none)"]}),
+        "guard": ("/score", {"model": "guard", "text_1": "hello", "text_2": [NO_REPLY]}),
     }
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers) as client:
         models = client.get("/models").json()
-        facts = {m["id"]: (m.get("metadata") or {}).get("rag") or {} for m in models.get("data", [])}
+        facts = facts_from_models(models)
         for role, (path, body) in requests.items():
             if role not in facts:
                 results[role] = "not served"
@@ -157,27 +165,8 @@ def _stop(log: Log) -> None:
     except Exception as exc:  # still shut Ray down below
         log(f"  serve.shutdown failed: {exc}")
     ray.shutdown()
-    ended = _end(tree)
+    ended = end_tree(tree)
     log(f"stopped{f' (ended {ended} leftover processes)' if ended else ''}")
-
-
-def _end(tree: list[Any]) -> int:
-    """Terminate (then kill) the processes of `tree` still running; how many were."""
-    import psutil
-
-    alive = []
-    for p in tree:
-        with contextlib.suppress(psutil.Error):
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(p)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _, still = psutil.wait_procs(alive, timeout=10)
-    for p in still:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    return len(alive)
 
 
 RAY_START_TRIES = 2
@@ -239,7 +228,7 @@ def _start_ray(num_cpus: int, host: str, metrics_port: int | None, log: Log) -> 
         except Exception as exc:  # Ray raises a bare Exception for a node that did not come up
             why = _ray_start_failure(metrics_port) or str(exc).split(". ")[0]
             ray.shutdown()
-            _end(psutil.Process().children(recursive=True))
+            end_tree(psutil.Process().children(recursive=True))
             holder = port_holder(host, metrics_port) if metrics_port else None
             if holder is not None:
                 raise ServeError(
@@ -308,7 +297,7 @@ def serve_forever(
 
         cpu = hardware.detect()
         log(cpu.describe())
-        log(describe_chat(os.environ.get("RAG_CPU_MODELS", "qwen"), cpu.dtype))
+        log(describe_chat(cpu_model_set(), cpu.dtype))
     _start_ray(num_cpus, host, metrics_port or None, log)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # per-deployment option dumps
     try:

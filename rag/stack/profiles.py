@@ -1,0 +1,130 @@
+"""The profiles' facts, in one home: roles, which weights back each role on CPU, where
+prepared weights live, which profile this machine runs, and what each role tells clients.
+
+Read by the serve module (scripts/serve_module.py, which builds the four configs
+from them), by `rag prepare` (which folders to build), by the client's settings
+and by the CLI. Each is data or a small function of the environment:
+
+- RAG_PROFILE: `cpu` or `gpu` (unset: `gpu` where an NVIDIA device is visible).
+- RAG_MODELS_DIR: where `rag prepare` puts the CPU weights (unset: the user's cache).
+- RAG_CPU_MODELS: which CPU model set (`qwen`, the default, `qwen-1.5b` or `smollm2`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rag.errors import ConfigError
+
+__all__ = [
+    "CPU_MODELS_ENV",
+    "CPU_MODEL_SETS",
+    "DEFAULT_CPU_MODEL_SET",
+    "GUARD_HEADED",
+    "PROFILES",
+    "ROLES",
+    "ROLE_FACTS",
+    "cpu_model_set",
+    "default_models_dir",
+    "detect_profile",
+    "role_facts",
+]
+
+# The served model ids are the roles themselves, so a client never changes when the
+# profile (and with it the weights behind each role) does.
+ROLES: tuple[str, ...] = ("chat", "guard", "embed", "score")
+PROFILES: tuple[str, ...] = ("cpu", "gpu")
+
+CPU_MODELS_ENV = "RAG_CPU_MODELS"
+DEFAULT_CPU_MODEL_SET = "qwen"
+# Which prepared folder (rag/stack/prepare.py builds them) serves each role, per CPU
+# model set. Score reuses the chat weights as a two-token classifier; the Qwen guard
+# reads them through a trained head; SmolLM2 has no head, its guard is two-token too.
+CPU_MODEL_SETS: dict[str, dict[str, str]] = {
+    "qwen": {
+        "chat": "qwen2.5-coder-0.5b-instruct",
+        "guard": "qwen2.5-coder-0.5b-guard",
+        "score": "qwen2.5-coder-0.5b-instruct",
+        "embed": "all-minilm-l6-v2",
+    },
+    # Opt-in where the CPU computes in bf16: better answers, 1.7x the seconds (README).
+    "qwen-1.5b": {
+        "chat": "qwen2.5-coder-1.5b-instruct",
+        "guard": "qwen2.5-coder-0.5b-guard",
+        "score": "qwen2.5-coder-0.5b-instruct",
+        "embed": "all-minilm-l6-v2",
+    },
+    "smollm2": {
+        "chat": "smollm2-135m-instruct",
+        "guard": "smollm2-135m-instruct",
+        "score": "smollm2-135m-instruct",
+        "embed": "all-minilm-l6-v2",
+    },
+}
+# The guard folders that carry a trained head (rag/stack/guard_head/): their config.json
+# names a sequence classifier and the head reads the prompt of guard_head.jinja. Any
+# other guard is its LM as a two-token classifier asked whether it would refuse.
+GUARD_HEADED = frozenset({"qwen2.5-coder-0.5b-guard"})
+
+# What a client may ask the server about each role, served in /v1/models as each
+# model's metadata["rag"] (the ingress adds the request limits): the `rag` client reads
+# the guard's reply format and the reranker's kind from there, so it works the same
+# against a stack on another machine.
+ROLE_FACTS: dict[str, dict[str, dict[str, str]]] = {
+    "gpu": {
+        "chat": {"tools": "hermes"},
+        "guard": {"guard_format": "qwen3guard"},  # Qwen3Guard-Gen answers through chat
+        "embed": {},
+        "score": {"reranker": "cross-encoder"},  # a trained reranker: its order is trusted
+    },
+    "cpu": {
+        "chat": {"tools": "hermes_json"},
+        "guard": {"guard_format": "score"},  # the chat LM as a P(unsafe) classifier on /v1/score
+        "embed": {},
+        "score": {"reranker": "yes-no-llm"},  # the chat LM asked yes/no: a relevance floor only
+    },
+}
+
+
+def detect_profile(env: Mapping[str, str] = os.environ) -> str:
+    """RAG_PROFILE if set, else `gpu` where an NVIDIA device is visible, else `cpu`."""
+    given = env.get("RAG_PROFILE", "").strip().lower()
+    if given:
+        return given
+    return "gpu" if Path("/dev/nvidiactl").exists() else "cpu"
+
+
+def default_models_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """Where prepared CPU-profile weights live (RAG_MODELS_DIR overrides)."""
+    given = env.get("RAG_MODELS_DIR")
+    if given:
+        return Path(given).expanduser()
+    cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "rag-stack" / "models"
+
+
+def cpu_model_set(env: Mapping[str, str] = os.environ) -> str:
+    """The CPU model set RAG_CPU_MODELS names (default `qwen`), checked."""
+    name = env.get(CPU_MODELS_ENV, "").strip() or DEFAULT_CPU_MODEL_SET
+    if name not in CPU_MODEL_SETS:
+        raise ConfigError(f"{CPU_MODELS_ENV}={name!r}: choose one of {', '.join(CPU_MODEL_SETS)}")
+    return name
+
+
+def role_facts(profile: str, model_set: str | None = None) -> dict[str, dict[str, Any]]:
+    """ROLE_FACTS for `profile`, with the thresholds a trained CPU guard head was
+    calibrated for (rag/stack/guard_head/*.json): the client blocks at them unless told
+    otherwise."""
+    facts: dict[str, dict[str, Any]] = {role: dict(f) for role, f in ROLE_FACTS[profile].items()}
+    if profile == "cpu":
+        guard = CPU_MODEL_SETS[model_set or cpu_model_set()]["guard"]
+        if guard in GUARD_HEADED:
+            from rag.stack.prepare import GUARD_HEADS
+
+            card = json.loads(GUARD_HEADS[guard].card.read_text())
+            facts["guard"]["guard_thresholds"] = card["thresholds"]
+    return facts
