@@ -97,6 +97,15 @@ GPU_SHARES = {"chat": 0.32, "guard": 0.40, "embed": 0.06, "score": 0.06}
 ENGINE_CLS = {"RAYLLM_VLLM_ENGINE_CLS": "rag.stack.engine_hooks.Engine"}
 
 
+def hf_token() -> dict[str, str]:
+    """HF_TOKEN from the deployer's environment, for the replica's download of a gated
+    model (Llama, some Mistral and Gemma checkpoints). Read when this module is
+    imported; never written to the repo or logged. `rag check` fails a gated model's
+    config without it (rag/stack/model_facts.yaml says which models are gated)."""
+    token = os.environ.get("HF_TOKEN", "")
+    return {"HF_TOKEN": token} if token else {}
+
+
 def _gpu_configs() -> dict[str, LLMConfig]:
     def placement(role: str) -> dict[str, Any]:
         # Fractional GPU bundles let Ray place all four engines on one card.
@@ -107,7 +116,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(batch=32, retry_after_s=2),
         placement_group_config=placement("chat"),
         accelerator_type=None,  # any card with 24 GB; pinning a type only blocks scheduling
-        runtime_env={"env_vars": ENGINE_CLS},
+        runtime_env={"env_vars": ENGINE_CLS | hf_token()},
         engine_kwargs={
             "gpu_memory_utilization": GPU_SHARES["chat"],
             "tensor_parallel_size": 1,  # one card; mirrored in inference.yaml's vllm: block
@@ -121,7 +130,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(batch=32, retry_after_s=1),
         placement_group_config=placement("guard"),
         accelerator_type=None,
-        runtime_env={"env_vars": ENGINE_CLS},
+        runtime_env={"env_vars": ENGINE_CLS | hf_token()},
         engine_kwargs={
             "gpu_memory_utilization": GPU_SHARES["guard"],
             "tensor_parallel_size": 1,
@@ -135,7 +144,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(batch=64, retry_after_s=1),
         placement_group_config=placement("embed"),
         accelerator_type=None,
-        runtime_env={"env_vars": ENGINE_CLS},
+        runtime_env={"env_vars": ENGINE_CLS | hf_token()},
         engine_kwargs={
             "gpu_memory_utilization": GPU_SHARES["embed"],
             "tensor_parallel_size": 1,
@@ -151,7 +160,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(batch=64, retry_after_s=1),
         placement_group_config=placement("score"),
         accelerator_type=None,
-        runtime_env={"env_vars": ENGINE_CLS},
+        runtime_env={"env_vars": ENGINE_CLS | hf_token()},
         engine_kwargs={
             "gpu_memory_utilization": GPU_SHARES["score"],
             "tensor_parallel_size": 1,

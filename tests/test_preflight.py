@@ -95,9 +95,9 @@ FINDINGS: list[tuple[str, Edit, str, str]] = [
     ),
     (
         "model-without-facts",
-        replace(MODULE, '"BAAI/bge-reranker-base"', '"BAAI/bge-reranker-v2-m3"'),
+        replace(MODULE, '"BAAI/bge-reranker-base"', '"BAAI/bge-reranker-large"'),
         "model-facts",
-        "bge-reranker-v2-m3",
+        "rag check --facts-from DIR --model-id BAAI/bge-reranker-large",
     ),
     (
         "tp-in-configs-not-in-yaml",
@@ -137,13 +137,96 @@ FINDINGS: list[tuple[str, Edit, str, str]] = [
 
 
 @pytest.mark.parametrize(("edit", "rule", "needle"), [c[1:] for c in FINDINGS], ids=[c[0] for c in FINDINGS])
-def test_each_rule_catches_its_breakage(repo: Path, edit: Edit, rule: str, needle: str) -> None:
+def test_each_rule_catches_its_breakage(
+    repo: Path, edit: Edit, rule: str, needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
     edit(repo)
     report = check(repo / "inference.yaml")
     rules = {f.rule for f in report.findings}
     assert rule in rules, report.findings
     message = next(f.message for f in report.findings if f.rule == rule)
     assert needle in message
+
+
+# ---------------------------------------------------------------- swapping a model in
+TOKEN = "hf_not_a_real_token_0123456789"
+LLAMA_CHAT = replace(
+    MODULE, '"Qwen/Qwen3-4B-Instruct-2507-FP8"', '"hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"'
+)
+LLAMA_GUARD = replace(MODULE, '"Qwen/Qwen3Guard-Gen-4B"', '"meta-llama/Llama-Guard-3-1B"')
+LLAMA_PARSER = replace(MODULE, '"tool_call_parser": "hermes"}', '"tool_call_parser": "llama3_json"}')
+NO_TOKEN_PASSED = replace(MODULE, "ENGINE_CLS | hf_token()", "ENGINE_CLS", count=4)
+
+# (case, edits, HF_TOKEN in the deployer's environment, rules that fail, a needle per rule)
+SWAPS: list[tuple[str, list[Edit], bool, dict[str, str]]] = [
+    ("right", [LLAMA_CHAT, LLAMA_PARSER, LLAMA_GUARD], True, {}),
+    ("gated-guard-no-token-here", [LLAMA_GUARD], False, {"hf-token": "HF_TOKEN is not set here"}),
+    (
+        "gated-guard-token-not-passed",
+        [LLAMA_GUARD, NO_TOKEN_PASSED],
+        True,
+        {"hf-token": '"HF_TOKEN": os.environ["HF_TOKEN"]'},
+    ),
+    ("llama-with-qwens-parser", [LLAMA_CHAT], True, {"tool-parser": "use `llama3_json`"}),
+    (
+        "parser-without-auto-tool-choice",
+        [replace(MODULE, '{"enable_auto_tool_choice": True, "tool_call_parser"', '{"tool_call_parser"')],
+        True,
+        {"tool-parser": "without enable_auto_tool_choice"},
+    ),
+    (
+        "auto-tool-choice-without-parser",
+        [LLAMA_CHAT, replace(MODULE, ', "tool_call_parser": "hermes"}', "}")],
+        True,
+        {"tool-parser": "set tool_call_parser to `llama3_json`"},
+    ),
+    (
+        "unknown-model",
+        [replace(MODULE, '"BAAI/bge-small-en-v1.5"', '"intfloat/multilingual-e5-large"')],
+        True,
+        {"model-facts": "--facts-from"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("edits", "token", "fails"), [c[1:] for c in SWAPS], ids=[c[0] for c in SWAPS])
+def test_swapping_a_model_in_is_checked_for_token_parser_and_facts(
+    repo: Path, edits: list[Edit], token: bool, fails: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if token:
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+    else:
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+    for edit in edits:
+        edit(repo)
+    report = check(repo / "inference.yaml")
+    assert {f.rule for f in report.findings} == set(fails), report.findings
+    for f in report.findings:
+        assert fails[f.rule] in f.message
+    said = " ".join(f.message for f in [*report.findings, *report.notes])
+    assert TOKEN not in said  # the token's value is never printed
+
+
+def test_a_license_other_than_apache_or_mit_is_reported_not_refused(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    for edit in (LLAMA_CHAT, LLAMA_PARSER, LLAMA_GUARD):
+        edit(repo)
+    report = check(repo / "inference.yaml")
+    assert report.ok, report.findings
+    licenses = {f.message.split("`")[3]: f.rule for f in report.notes}
+    assert licenses == {
+        "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4": "license",
+        "meta-llama/Llama-Guard-3-1B": "license",
+    }
+    assert {b.role: b.fits for b in report.budgets} == {
+        "chat": True,
+        "guard": True,
+        "embed": True,
+        "score": True,
+    }
 
 
 ERRORS: list[tuple[str, Edit, str]] = [

@@ -61,8 +61,14 @@ def prepare(model_set: str, models_dir: Path | None) -> None:
     help="The deploy descriptor to check.",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--facts-from", type=click.Path(file_okay=False, exists=True, path_type=Path), metavar="DIR",
+    help="Print the model_facts.yaml entry for the model in DIR (config.json, *.safetensors, "
+    "README.md), instead of checking.",
+)  # fmt: skip
+@click.option("--model-id", metavar="ORG/NAME", help="With --facts-from: the id configs name it by.")
 @friendly
-def check(path: Path, as_json: bool) -> None:
+def check(path: Path, as_json: bool, facts_from: Path | None, model_id: str | None) -> None:
     """Preflight a deploy: catch what would fail minutes into a GPU boot.
 
     \b
@@ -70,17 +76,27 @@ def check(path: Path, as_json: bool) -> None:
     exports `app`; that the vllm: block mirrors every tensor/pipeline parallel
     size the configs set; that no engine_kwargs holds an api_key, no config pins
     accelerator_type and every config sets max_ongoing_requests; that the GPU
-    shares sum to at most 0.85; and that each model's weights plus the KV cache
-    for its max_model_len fit its share of the card (from rag/stack/model_facts.yaml).
+    shares sum to at most 0.85; that each model's weights plus the KV cache
+    for its max_model_len fit its share of the card; that a gated model's config
+    passes HF_TOKEN to its replica; and that a config with tool calls names the
+    parser of its model's family. Facts per model: rag/stack/model_facts.yaml.
+    A license other than Apache-2.0 or MIT is noted, not failed.
 
     \b
     Examples:
       rag check
       rag check -f staging.yaml --json
+      rag check --facts-from ~/models/Llama-3.1-8B-AWQ --model-id ORG/NAME >> rag/stack/model_facts.yaml
     """
     from rag.stack.budget import GiB
     from rag.stack.preflight import check as run
 
+    if facts_from is not None:
+        from rag.stack.folder_facts import facts_from_folder, to_yaml
+
+        name, entry = facts_from_folder(facts_from, model_id)
+        click.echo(json.dumps({name: entry}, indent=2) if as_json else to_yaml(name, entry), nl=as_json)
+        return
     report = run(path)
     if as_json:
         click.echo(
@@ -88,6 +104,7 @@ def check(path: Path, as_json: bool) -> None:
                 {
                     "ok": report.ok,
                     "findings": [{"rule": f.rule, "message": f.message} for f in report.findings],
+                    "notes": [{"rule": f.rule, "message": f.message} for f in report.notes],
                     "budget": [
                         {
                             "role": b.role,
@@ -123,6 +140,8 @@ def check(path: Path, as_json: bool) -> None:
                 )
             total = sum(b.share for b in report.budgets)
             click.echo(f"  shares sum to {total:.2f} (limit 0.85)")
+        for f in report.notes:
+            click.echo(f"note [{f.rule}] {f.message}")
         for f in report.findings:
             click.echo(f"FAIL [{f.rule}] {f.message}")
         if report.ok and report.deploy:
@@ -234,6 +253,8 @@ def serve(
 
         _require_prepared()
         detect()  # a bad RAG_CPU_DTYPE fails here, in one line, before Ray starts
+    else:
+        _require_tokens(deploy.module_path, profile)
 
     from rag.stack.auth import file_warning, is_loopback, load_keys
 
@@ -271,6 +292,20 @@ def _stdout_for_results_only() -> TextIO:
     saved = os.fdopen(os.dup(fd), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), fd)
     return saved
+
+
+def _require_tokens(module_path: Path, profile: str) -> None:
+    """Fail before booting when a gated model's download would fail minutes into it."""
+    from rag.stack.budget import load_facts
+    from rag.stack.preflight import TOKEN_ENV, gated_without_token, load_configs
+
+    missing = gated_without_token(load_configs(module_path, profile), load_facts())
+    if missing:
+        raise ConfigError(
+            f"{TOKEN_ENV} is not set, and these models are gated: {'; '.join(missing)}. Accept each "
+            f"model's terms on huggingface.co, then `export {TOKEN_ENV}=...` (a read token from "
+            "huggingface.co/settings/tokens) and run `rag serve` again"
+        )
 
 
 def _require_prepared() -> None:

@@ -16,23 +16,31 @@ from typing import Any
 
 import yaml
 
+from rag.errors import ConfigError
+
 __all__ = [
     "ENGINE_OVERHEAD_BYTES",
+    "FACTS_FILE",
+    "PACKED_DTYPES",
     "EngineBudget",
     "GiB",
     "ModelFacts",
     "engine_budget",
     "load_facts",
+    "load_tool_parsers",
 ]
 
 GiB = 1 << 30
 FACTS_FILE = Path(__file__).with_name("model_facts.yaml")
 
-DTYPE_BYTES = {
+DTYPE_BYTES: dict[str, float] = {
     "fp32": 4, "float32": 4, "float": 4,
     "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2,
-    "fp8": 1, "int8": 1,
+    "fp8": 1, "int8": 1, "int4": 0.5, "int32": 4, "int64": 8,
 }  # fmt: skip
+# Stored this way, a parameter keeps its size whatever the engine's `dtype` says:
+# quantized weights (and integer buffers) are not cast.
+PACKED_DTYPES = frozenset({"fp8", "int8", "int4", "int32", "int64"})
 
 # CUDA context, cuBLAS workspace, the profiling pass's peak activations and CUDA
 # graphs. Generative engines profile a full batch of max_num_batched_tokens; pooling
@@ -52,19 +60,22 @@ class ModelFacts:
     kv_heads: int
     head_dim: int
     max_position_embeddings: int
+    gated: bool = False  # its repo asks users to accept terms: downloads need HF_TOKEN
+    family: str | None = None  # picks the tool-call parser (load_tool_parsers)
+    source: str = ""  # where the facts were read
 
     def weight_bytes(self, dtype: str | None) -> int:
         """Bytes of weights once loaded with engine `dtype` (None/"auto": vLLM's choice)."""
-        total = 0
+        total = 0.0
         for stored, count in self.params.items():
-            if stored in ("fp8", "int8"):
-                size = 1  # quantized weights stay quantized whatever `dtype` says
+            if stored in PACKED_DTYPES:
+                size = DTYPE_BYTES[stored]  # quantized weights stay quantized whatever `dtype` says
             elif dtype and dtype != "auto":
                 size = DTYPE_BYTES[dtype]
             else:
                 size = min(DTYPE_BYTES[stored], 2)  # auto serves fp32 checkpoints in 16 bits
             total += count * size
-        return total
+        return int(total)
 
     def kv_bytes_per_token(self, kv_bytes: int = 2) -> int:
         """K and V for every layer; zero for encoder-only models."""
@@ -73,25 +84,49 @@ class ModelFacts:
         return 2 * self.layers * self.kv_heads * self.head_dim * kv_bytes
 
 
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict):
+        raise ConfigError(f"{path}: expected a `models:` mapping (and `tool_parsers:`)")
+    return raw
+
+
 def load_facts(path: Path = FACTS_FILE) -> dict[str, ModelFacts]:
-    """Read rag/stack/model_facts.yaml into ModelFacts by model name."""
-    raw: dict[str, dict[str, Any]] = yaml.safe_load(path.read_text()) or {}
+    """Read rag/stack/model_facts.yaml's `models:` into ModelFacts by model name."""
     facts = {}
-    for name, f in raw.items():
-        unknown = set(f["params"]) - set(DTYPE_BYTES)
-        if unknown:
-            raise ValueError(f"{path}: {name}: unknown parameter dtype(s) {sorted(unknown)}")
-        facts[name] = ModelFacts(
-            name=name,
-            license=str(f["license"]).lower(),
-            decoder=bool(f["decoder"]),
-            params={k: int(v) for k, v in f["params"].items()},
-            layers=int(f["layers"]),
-            kv_heads=int(f["kv_heads"]),
-            head_dim=int(f["head_dim"]),
-            max_position_embeddings=int(f["max_position_embeddings"]),
-        )
+    for name, f in _read(path)["models"].items():
+        try:
+            unknown = set(f["params"]) - set(DTYPE_BYTES)
+            if unknown:
+                raise ConfigError(
+                    f"{path}: {name}: unknown parameter dtype(s) {sorted(unknown)}; "
+                    f"use {', '.join(sorted(DTYPE_BYTES))}"
+                )
+            facts[name] = ModelFacts(
+                name=name,
+                license=str(f["license"]).lower(),
+                decoder=bool(f["decoder"]),
+                params={k: int(v) for k, v in f["params"].items()},
+                layers=int(f["layers"]),
+                kv_heads=int(f["kv_heads"]),
+                head_dim=int(f["head_dim"]),
+                max_position_embeddings=int(f["max_position_embeddings"]),
+                gated=bool(f.get("gated", False)),
+                family=str(f["family"]) if f.get("family") else None,
+                source=str(f.get("source", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}: model `{name}` is incomplete or malformed ({exc!r})") from None
     return facts
+
+
+def load_tool_parsers(path: Path = FACTS_FILE) -> dict[str, tuple[str, ...]]:
+    """Each model family's vLLM tool-call parsers (the first is the one to suggest)."""
+    raw = _read(path).get("tool_parsers") or {}
+    return {str(family): tuple(str(p) for p in parsers) for family, parsers in raw.items()}
 
 
 @dataclass(frozen=True)

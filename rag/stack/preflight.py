@@ -3,6 +3,9 @@
 Reads `inference.yaml`, imports the serve module it names (which starts nothing),
 and applies every rule below to the module's `LLMConfig`s. Each finding says
 what is wrong and how to fix it.
+
+Over 300 lines: each rule is short, but they are many, and a reader checking what
+`rag check` enforces should find all of them in one file.
 """
 
 from __future__ import annotations
@@ -23,14 +26,25 @@ from typing import Any
 import yaml
 
 from rag.errors import ConfigError
-from rag.stack.budget import EngineBudget, GiB, engine_budget, load_facts
+from rag.stack.budget import EngineBudget, GiB, ModelFacts, engine_budget, load_facts, load_tool_parsers
 
-__all__ = ["MAX_TOTAL_SHARE", "Deploy", "Finding", "Report", "check", "load_deploy"]
+__all__ = [
+    "MAX_TOTAL_SHARE",
+    "TOKEN_ENV",
+    "Deploy",
+    "Finding",
+    "Report",
+    "check",
+    "gated_without_token",
+    "load_configs",
+    "load_deploy",
+]
 
 # Four CUDA contexts and the allocator's slack live outside the engines' shares.
 MAX_TOTAL_SHARE = 0.85
 PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size")
-ALLOWED_LICENSES = ("apache-2.0", "mit")
+PERMISSIVE_LICENSES = ("apache-2.0", "mit")
+TOKEN_ENV = "HF_TOKEN"  # what huggingface_hub reads in each replica to download a gated model
 YAML_KEYS = {"name", "description", "model", "resources", "vllm"}
 MODEL_KEYS = {"module", "profile"}
 
@@ -63,6 +77,7 @@ class Report:
     roles: list[str] = field(default_factory=list)
     budgets: list[EngineBudget] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    notes: list[Finding] = field(default_factory=list)  # worth knowing, not wrong (e.g. a license)
 
     @property
     def ok(self) -> bool:
@@ -70,6 +85,9 @@ class Report:
 
     def add(self, rule: str, message: str) -> None:
         self.findings.append(Finding(rule, message))
+
+    def note(self, rule: str, message: str) -> None:
+        self.notes.append(Finding(rule, message))
 
 
 def _suggest(word: str, options: set[str]) -> str:
@@ -201,6 +219,11 @@ def _llm_configs(module: ModuleType) -> dict[str, Any]:
     return configs
 
 
+def load_configs(module_path: Path, profile: str) -> dict[str, Any]:
+    """The serve module's LLMConfigs by role, as `profile` builds them (starts nothing)."""
+    return _llm_configs(_import(module_path, profile))
+
+
 def _check_config(report: Report, role: str, cfg: Any) -> None:
     where = f"config `{role}`"
     engine: dict[str, Any] = dict(cfg.engine_kwargs or {})
@@ -280,20 +303,16 @@ def _check_gpu_budget(report: Report, deploy: Deploy, configs: dict[str, Any]) -
             )
             continue
         total += float(engine["gpu_memory_utilization"])
-        model = str(cfg.model_loading_config.model_source or cfg.model_id)
+        model = _model(cfg)
         f = facts.get(model)
         if f is None:
             report.add(
                 "model-facts",
-                f"config `{role}`: no architecture facts for `{model}` in rag/stack/model_facts.yaml; "
-                "add its parameters, layers, kv_heads and head_dim from its config.json",
+                f"config `{role}`: no facts for `{model}` in rag/stack/model_facts.yaml; with the model "
+                f"in a folder, `rag check --facts-from DIR --model-id {model}` prints them from its "
+                "config.json and weights, to append there",
             )
             continue
-        if f.license not in ALLOWED_LICENSES:
-            report.add(
-                "license",
-                f"config `{role}`: `{model}` is {f.license}; use an ungated Apache-2.0 or MIT model",
-            )
         b = engine_budget(role, f, engine, card)
         report.budgets.append(b)
         if b.max_model_len > f.max_position_embeddings:
@@ -319,6 +338,91 @@ def _check_gpu_budget(report: Report, deploy: Deploy, configs: dict[str, Any]) -
         )
 
 
+def _model(cfg: Any) -> str:
+    return str(cfg.model_loading_config.model_source or cfg.model_id)
+
+
+def _env_vars(cfg: Any) -> Mapping[str, Any]:
+    runtime_env = cfg.runtime_env or {}
+    env_vars = runtime_env.get("env_vars") if isinstance(runtime_env, Mapping) else None
+    return env_vars if isinstance(env_vars, Mapping) else {}
+
+
+def gated_without_token(
+    configs: Mapping[str, Any], facts: Mapping[str, ModelFacts], env: Mapping[str, str] = os.environ
+) -> list[str]:
+    """`role: model` for each config whose gated model will not download: no HF_TOKEN in
+    its runtime_env's env_vars, or none in `env` (the deployer's) for the serve module
+    to pass on."""
+    missing = []
+    for role, cfg in configs.items():
+        f = facts.get(_model(cfg))
+        if f is not None and f.gated and not (_env_vars(cfg).get(TOKEN_ENV) or env.get(TOKEN_ENV)):
+            missing.append(f"{role}: {f.name}")
+    return missing
+
+
+def _check_models(report: Report, configs: dict[str, Any]) -> None:
+    """Access (gated models carry a token), license (reported) and the tool parser."""
+    facts = load_facts()
+    parsers = load_tool_parsers()
+    for role, cfg in configs.items():
+        model, where = _model(cfg), f"config `{role}`"
+        f = facts.get(model)
+        if f is None:
+            continue  # the budget reports it, with how to add the facts
+        if f.gated and TOKEN_ENV not in _env_vars(cfg):
+            gated = f"{where}: `{model}` is gated, so its replica needs a Hugging Face token to download it"
+            if os.environ.get(TOKEN_ENV):  # the deployer has one: the config does not pass it on
+                report.add(
+                    "hf-token",
+                    f'{gated}: add `"{TOKEN_ENV}": os.environ["{TOKEN_ENV}"]` to its runtime_env='
+                    '{"env_vars": {...}} (scripts/serve_module.py: `ENGINE_CLS | hf_token()`)',
+                )
+            else:
+                report.add(
+                    "hf-token",
+                    f"{gated}, and {TOKEN_ENV} is not set here: accept the model's terms on huggingface.co, "
+                    f"`export {TOKEN_ENV}=...` (a read token from huggingface.co/settings/tokens), and have "
+                    f'the config pass it: runtime_env={{"env_vars": {{"{TOKEN_ENV}": ...}}}} '
+                    "(scripts/serve_module.py: `ENGINE_CLS | hf_token()`)",
+                )
+        if f.license not in PERMISSIVE_LICENSES:
+            report.note(
+                "license",
+                f"{where}: `{model}` is under the {f.license} license, not Apache-2.0 or MIT: read its "
+                "terms before you ship it",
+            )
+        engine: dict[str, Any] = dict(cfg.engine_kwargs or {})
+        auto, parser = engine.get("enable_auto_tool_choice"), engine.get("tool_call_parser")
+        right = parsers.get(f.family or "", ())
+        suggest = f"`{right[0]}`" if right else "the parser of its family (vLLM docs, Tool Calling)"
+        if auto and not parser:
+            report.add(
+                "tool-parser",
+                f"{where}: enable_auto_tool_choice without tool_call_parser; set tool_call_parser "
+                f"to {suggest}",
+            )
+        elif parser and not auto:
+            report.add(
+                "tool-parser",
+                f"{where}: tool_call_parser `{parser}` without enable_auto_tool_choice: True; set it, or "
+                "drop the parser",
+            )
+        elif parser and not right:
+            report.add(
+                "tool-parser",
+                f"{where}: no tool-call parser is known for `{model}` (family {f.family or 'unset'}); add "
+                "its family and parser to rag/stack/model_facts.yaml, or drop the tool settings",
+            )
+        elif parser and parser not in right:
+            report.add(
+                "tool-parser",
+                f"{where}: tool_call_parser `{parser}` does not read `{model}`'s tool calls (family "
+                f"{f.family}); use {suggest}",
+            )
+
+
 def check(path: Path) -> Report:
     """Run every rule against the deploy described by `path` (an inference.yaml)."""
     report = Report()
@@ -341,4 +445,5 @@ def check(path: Path) -> Report:
     _check_parallel(report, deploy, configs)
     if deploy.profile == "gpu":
         _check_gpu_budget(report, deploy, configs)
+        _check_models(report, configs)
     return report
