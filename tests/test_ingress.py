@@ -6,8 +6,10 @@ rules themselves (a limit derived from the wrong batch, a role let through).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import Request
 from ray.llm._internal.serve.core.configs.openai_api_models import (
@@ -18,10 +20,12 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ScoreRequest,
 )
 from ray.serve.exceptions import BackPressureError
+from starlette.responses import StreamingResponse
 from starlette.testclient import TestClient
 
 from rag.stack.ingress import (
     ROLES_ALLOWED,
+    Capacity,
     RagIngress,
     RerankRequest,
     check_chat,
@@ -153,3 +157,47 @@ def test_backpressure_is_a_429_with_retry_after(client: TestClient) -> None:
     r = client.post("/v1/chat/completions", json=busy)
     assert error_of(r, 429)["type"] == "rate_limit_error"
     assert r.headers["retry-after"] == "5"  # whole seconds, rounded up
+
+
+def test_admission_holds_a_batch_and_a_queue_per_engine_for_the_whole_stream() -> None:
+    """Two chats held open (streaming) fill `chat`'s capacity of 2: the third is a 429
+    with Retry-After before any route runs, `embed` is not affected, and once the
+    streams end the places are free again."""
+    app = make_app(capacity={"chat": Capacity(2, 4.2), "embed": Capacity(1, 1)})
+    release = asyncio.Event()
+    routed: list[str] = []
+
+    @app.post("/v1/chat/completions")
+    async def chat_route(request: Request) -> Any:
+        routed.append("chat")
+
+        async def tokens() -> Any:
+            yield b"data: a\n\n"
+            await release.wait()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(tokens(), media_type="text/event-stream")
+
+    @app.post("/v1/embeddings")
+    async def embed_route(request: Request) -> Any:
+        return {"ok": True}
+
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+    async def run() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            held = [asyncio.create_task(client.post("/v1/chat/completions", json=body)) for _ in range(2)]
+            while len(routed) < 2:
+                await asyncio.sleep(0.01)
+            r = await asyncio.wait_for(client.post("/v1/chat/completions", json=body), 10)
+            assert error_of(r, 429)["type"] == "rate_limit_error"
+            assert r.headers["retry-after"] == "5" and "holds 2 requests" in r.json()["error"]["message"]
+            assert len(routed) == 2  # refused before the route ran
+            other = await client.post("/v1/embeddings", json={"model": "embed", "input": "x"})
+            assert other.status_code == 200
+            release.set()
+            assert [(await t).status_code for t in held] == [200, 200]
+            assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+
+    asyncio.run(run())

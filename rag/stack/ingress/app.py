@@ -44,6 +44,7 @@ from ray.serve.exceptions import BackPressureError
 from starlette.responses import JSONResponse, Response
 
 from rag.stack.auth import KeyGate
+from rag.stack.ingress.admission import Admission, Capacity
 from rag.stack.ingress.boundary import Boundary
 from rag.stack.ingress.errors import (
     add_error_handlers,
@@ -186,10 +187,13 @@ ENDPOINTS: dict[str, Callable[[FastAPI], Callable[..., Any]]] = {
 }
 
 
-def make_app(key_digests: tuple[str, ...] = ()) -> FastAPI:
-    """Ray's FastAPI app with our error shapes, the Boundary and, outermost, the KeyGate."""
+def make_app(key_digests: tuple[str, ...] = (), capacity: Mapping[str, Capacity] | None = None) -> FastAPI:
+    """Ray's FastAPI app with our error shapes and, from the outside in, the KeyGate,
+    the Boundary and the Admission count (`capacity` by model id; none: no count)."""
     app = init()  # Ray's FastAPI app: its middleware (request ids, metrics, errors)
     add_error_handlers(app)
+    if capacity:
+        app.add_middleware(Admission, capacity=capacity)  # added first: runs innermost
     app.add_middleware(Boundary, routes=app)
     app.add_middleware(KeyGate, digests=key_digests, refuse=refuse_status)  # added last: runs first
     return app
@@ -198,6 +202,18 @@ def make_app(key_digests: tuple[str, ...] = ()) -> FastAPI:
 def _source(config: LLMConfig) -> str:
     loading = config.model_loading_config  # a ModelLoadingConfig once LLMConfig has validated it
     return str(loading["model_source"] if isinstance(loading, dict) else loading.model_source)
+
+
+def _capacity(config: LLMConfig) -> Capacity | None:
+    """What the engine's deployment holds: max_ongoing_requests plus max_queued_requests,
+    with its backpressure Retry-After (serve_module's `_deployment`); None when either
+    is unset (Serve's queue is then unbounded, and so is ours)."""
+    deployment = config.deployment_config or {}
+    ongoing, queued = deployment.get("max_ongoing_requests"), deployment.get("max_queued_requests", -1)
+    if ongoing is None or queued is None or int(queued) < 0:
+        return None
+    backpressure = deployment.get("backpressure_config") or {}
+    return Capacity(int(ongoing) + int(queued), float(backpressure.get("retry_after_s", 1.0)))
 
 
 def _generates(config: LLMConfig) -> bool:
@@ -240,7 +256,9 @@ def build_app(
         )
         for c in llm_configs
     }
-    ingress_cls = make_fastapi_ingress(RagIngress, endpoint_map=ENDPOINTS, app=make_app(tuple(key_digests)))
+    capacity = {c.model_id: cap for c in llm_configs if (cap := _capacity(c)) is not None}
+    fastapi_app = make_app(tuple(key_digests), capacity)
+    ingress_cls = make_fastapi_ingress(RagIngress, endpoint_map=ENDPOINTS, app=fastapi_app)
     options = RagIngress.get_deployment_options(llm_configs)
     deployment: Any = serve.deployment(ingress_cls, **options)
     app: Application = deployment.bind(

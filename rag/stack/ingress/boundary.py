@@ -3,8 +3,9 @@
 `Boundary` is ASGI middleware on every route served by POST: a body over
 MAX_BODY_BYTES is a 413 (from Content-Length, and counted again while it is read,
 since a chunked body has none), a Content-Type that is not JSON a 415. The body is
-then parsed once (`check_json`): invalid JSON, nesting past MAX_JSON_DEPTH and
-unpaired UTF-16 surrogates are 400s naming the field. Each refusal is in the OpenAI
+then parsed once (`read_json`): invalid JSON, nesting past MAX_JSON_DEPTH and
+unpaired UTF-16 surrogates are 400s naming the field; the body's `model` is left in
+the ASGI scope (`MODEL_KEY`) for the admission count inside. Each refusal is in the OpenAI
 error shape (rag.stack.ingress.errors).
 """
 
@@ -21,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rag.stack.ingress.errors import openai_error, refuse
 from rag.stack.ingress.limits import Refusal
 
-__all__ = ["MAX_BODY_BYTES", "MAX_JSON_DEPTH", "Boundary", "check_json"]
+__all__ = ["MAX_BODY_BYTES", "MAX_JSON_DEPTH", "MODEL_KEY", "Boundary", "check_json", "read_json"]
 
 # The largest request the engines take is well under this: 256 embedding inputs of
 # 256 tokens, or 64 rerank documents of 2048 tokens, are 0.5 MiB of text.
@@ -30,6 +31,8 @@ MAX_BODY_BYTES = 4 << 20
 # 500) near 300 levels; the deepest real request (a structured-output schema within
 # SCHEMA_LIMITS.max_depth, inside the request) stays well under this.
 MAX_JSON_DEPTH = 64
+# The scope key under which the Boundary leaves the body's `model` for the routes inside.
+MODEL_KEY = "rag.model"
 _JSON_TYPES = ("application/json", "text/json")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -46,14 +49,23 @@ def check_json(body: bytes) -> Refusal | None:
     """A request body as JSON: valid, nested at most MAX_JSON_DEPTH deep, and no string
     holding an unpaired UTF-16 surrogate (`\\ud800` alone: valid JSON, but no engine's
     tokenizer can encode it, so it would fail as a 500 inside the engine)."""
+    return read_json(body)[1]
+
+
+def read_json(body: bytes) -> tuple[Any, Refusal | None]:
+    """The body parsed, and what `check_json` finds wrong with it (None: nothing)."""
     try:
         data = json.loads(body)
     except RecursionError:
-        return Refusal(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+        return None, Refusal(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
     except UnicodeDecodeError:
-        return Refusal("the body is not UTF-8 text; send JSON encoded as UTF-8")
+        return None, Refusal("the body is not UTF-8 text; send JSON encoded as UTF-8")
     except ValueError as exc:
-        return Refusal(f"the body is not valid JSON: {exc}")
+        return None, Refusal(f"the body is not valid JSON: {exc}")
+    return data, _problem(data, body)
+
+
+def _problem(data: Any, body: bytes) -> Refusal | None:
     strings = _SURROGATE_ESCAPE.search(body) is not None  # lone surrogates need an escape
     todo: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
     while todo:
@@ -137,9 +149,12 @@ class Boundary:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if problem := check_json(body):
+        data, problem = read_json(body)
+        if problem:
             await refuse(problem)(scope, receive, send)
             return
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            scope[MODEL_KEY] = data["model"]  # for Admission, inside: the body is parsed once
         replayed = False
 
         async def replay() -> Message:
