@@ -18,10 +18,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rag.answer import NOT_COVERED, Source, build_messages, sources_from
-from rag.attribute import Attributor, Sentence, needs_fallback, release_point, render, split_sentences
-from rag.client import StackClient
+from rag.answer import NOT_COVERED, Source, build_messages, format_sources, sources_from
+from rag.attribute import (
+    UNSUPPORTED,
+    Attributor,
+    Sentence,
+    needs_fallback,
+    release_point,
+    render,
+    split_sentences,
+)
 from rag.embed import embed_query
+from rag.engines import Engines
 from rag.guard import Verdict
 from rag.guard import check as guard_check
 from rag.rerank import rerank, scored_count
@@ -49,6 +57,39 @@ class Answer:
     covered: bool = True
     timings: dict[str, float] = field(default_factory=dict)
 
+    def fallback_note(self) -> str:
+        """What is shown under an answer that rests on nothing: the passage that best covers
+        the question ("" when there is none)."""
+        if self.fallback is None:
+            return ""
+        src, passage = self.fallback
+        where = src.path + (f" — {src.heading}" if src.heading else "")
+        return (
+            f"Most of this answer has no support in the sources. What the documents say, "
+            f"[{src.n}] {where}:\n" + "\n".join(f"  > {line}" for line in passage.splitlines())
+        )
+
+    def tail(self) -> str:
+        """What follows the answer's sentences for a reader: the refusal; or the fallback
+        passage, what the unsupported mark means, and the sources the sentences cite."""
+        if self.blocked:
+            return self.refusal()
+        parts = [self.fallback_note()] if self.fallback is not None else []
+        if any(x.support in ("unsupported", "restates") for x in self.sentences):
+            parts.append(f"{UNSUPPORTED}: no shown source supports that sentence")
+        if self.cited:
+            parts.append("Sources:\n" + format_sources(self.cited))
+        elif self.covered:
+            parts.append("(no source supports this answer) Retrieved:\n" + format_sources(self.sources))
+        return "\n\n".join(parts)
+
+    def refusal(self) -> str:
+        """What a refused question or answer shows, naming the stage and the guard's reason."""
+        what = "question" if self.blocked == "input" else "answer"
+        verdict = next((v for v in self.verdicts if v.stage == self.blocked), None)
+        why = verdict.why() if verdict else f"{self.blocked} stage"
+        return f"refused: the guard blocked the {what} ({why})"
+
 
 class _Clock:
     def __init__(self, timings: dict[str, float]) -> None:
@@ -72,7 +113,7 @@ class _Stage:
 class Pipeline:
     """Search and ask over one index through one running stack."""
 
-    def __init__(self, settings: Settings, client: StackClient, index: Index) -> None:
+    def __init__(self, settings: Settings, client: Engines, index: Index) -> None:
         self.s = settings
         self.client = client
         self.index = index
@@ -140,8 +181,13 @@ class Pipeline:
         *,
         history: Sequence[dict[str, str]] = (),
         on_text: Callable[[str], None] = lambda text: None,
+        on_sentences: Callable[[Answer, list[Sentence]], None] = lambda answer, sentences: None,
     ) -> Answer:
-        """Answer `question` from the index, guarded on both sides, citing numbered sources."""
+        """Answer `question` from the index, guarded on both sides, citing numbered sources.
+
+        Released text goes to `on_text` as shown (rendered with its [n] marks), and the
+        same sentences, attributed, to `on_sentences` with the answer so far (its sources
+        are set by then); either may raise to stop the answer (a client that went away)."""
         ans = Answer(question)
         clock = _Clock(ans.timings)
         with clock("guard_in"):
@@ -178,7 +224,7 @@ class Pipeline:
             if end > shown:
                 if not self._release(ans, clock, generated[:end]):
                     return ans
-                self._attribute(ans, clock, attributor, generated[shown:end], on_text)
+                self._attribute(ans, clock, attributor, generated[shown:end], on_text, on_sentences)
                 shown = end
         ans.timings["chat"] = (
             time.monotonic() - start - ans.timings.get("guard_out", 0.0) - ans.timings.get("attribute", 0.0)
@@ -186,7 +232,7 @@ class Pipeline:
         if shown < len(generated.rstrip()):
             if not self._release(ans, clock, generated):
                 return ans
-            self._attribute(ans, clock, attributor, generated[shown:], on_text)
+            self._attribute(ans, clock, attributor, generated[shown:], on_text, on_sentences)
         ans.text = "".join(render(x) for x in ans.sentences).strip()
         by_n = {x.n: x for x in ans.sources}
         ans.cited = [by_n[n] for n in dict.fromkeys(n for x in ans.sentences for n in x.sources)]
@@ -202,12 +248,14 @@ class Pipeline:
         attributor: Attributor,
         released: str,
         on_text: Callable[[str], None],
+        on_sentences: Callable[[Answer, list[Sentence]], None],
     ) -> None:
         """Attribute the sentences just released and hand them on, rendered."""
         with clock("attribute"):
             sentences = attributor.attribute(split_sentences(released))
         ans.sentences += sentences
         on_text("".join(render(x) for x in sentences))
+        on_sentences(ans, sentences)
 
     def _release(self, ans: Answer, clock: _Clock, text_so_far: str) -> bool:
         """Guard the answer so far; False (and blocked) if it is unsafe."""

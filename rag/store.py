@@ -27,6 +27,7 @@ import mmap
 import os
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ __all__ = [
     "READABLE_FORMATS",
     "ChunkFile",
     "Index",
+    "LiveIndex",
     "load_index",
     "write_index",
 ]
@@ -157,6 +159,50 @@ def load_index(folder: Path) -> Index:
     if not chunks:
         raise ConfigError(f"the index in {folder} is empty; index some documents with `rag index PATH`")
     return Index(folder, chunks, vectors.astype(np.float32, copy=False), manifest)
+
+
+class LiveIndex:
+    """The index in `folder` as `rag index` last committed it, for a long-running server.
+
+    `current()` looks at manifest.json (one stat) and loads the new generation when
+    it changed; a caller keeps the Index it was handed for its whole request, so it
+    sees the old generation or the new, never half of each (each generation's files
+    stay mapped after `write_index` removes them). Before any index exists, or while
+    the folder holds none, `current()` raises ConfigError naming `rag index`.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._lock = threading.Lock()
+        self._seen: tuple[int, int, int] | None = None
+        self._index: Index | None = None
+
+    def current(self) -> Index:
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    st = (self.folder / MANIFEST).stat()
+                except OSError:
+                    raise ConfigError(
+                        f"no index in {self.folder} yet; build one with `rag index PATH` "
+                        f"(RAG_INDEX_DIR={self.folder}), and the server picks it up without a restart"
+                    ) from None
+                seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+                if seen == self._seen and self._index is not None:
+                    return self._index
+                try:
+                    self._index = load_index(self.folder)
+                except ConfigError:
+                    if attempt == 2:  # not a manifest replaced while it was read: a broken index
+                        raise
+                    continue
+                self._seen = seen
+                return self._index
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def generation(self) -> str | None:
+        """The generation last loaded (None before the first)."""
+        return None if self._index is None else str(self._index.manifest.get("generation"))
 
 
 def _fsync_write(path: Path, data: bytes) -> None:

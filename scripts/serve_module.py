@@ -321,18 +321,28 @@ def configs(profile: str | None = None) -> dict[str, LLMConfig]:
 
 def build_app() -> Application:
     """Our ingress over the four engines (needs Ray initialized): Ray Serve LLM's OpenAI
-    routes plus /v1/rerank, request limits, API keys and 429s (rag/stack/ingress/)."""
+    routes plus /v1/rerank, the `rag` model and its web page, request limits, API keys
+    and 429s (rag/stack/ingress/)."""
+    import dataclasses
+
+    from rag.settings import Settings
     from rag.stack.auth import digest, keys_from_env
     from rag.stack.ingress import build_app as build_ingress
 
     # RAG_API_KEY / RAG_API_KEY_FILE (`rag serve --api-key-file` sets them in this
     # process only): the ingress gets each key's SHA-256, never the key.
     metrics_port = int(os.environ.get("RAG_METRICS_PORT") or 0) or None
+    # The `rag` model answers as `rag ask` would here (RAG_* settings), from the index in
+    # RAG_INDEX_DIR (`rag serve --index`); the ingress needs no key of its own to call the
+    # engines through their handles.
+    settings = Settings.from_env()
+    rag = dataclasses.replace(settings, api_key="", index_dir=settings.index_dir.resolve())
     return build_ingress(
         CONFIGS,
         role_facts(PROFILE),
         key_digests=tuple(digest(k) for k in keys_from_env()),
         metrics_port=metrics_port,
+        rag=rag,
     )
 
 

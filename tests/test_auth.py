@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,7 @@ def gated() -> tuple[TestClient, list[str]]:
         routes=[
             Route("/v1/models", route),
             Route("/health", route),
+            Route("/", route),
             Route("/v1/chat", route, methods=["POST"]),
         ]
     )
@@ -116,6 +118,23 @@ def test_every_accepted_key_gets_in_and_health_needs_none(gated: tuple[TestClien
     assert client.get("/v1/models", headers={"authorization": f"bearer {OTHER}"}).status_code == 200
     assert client.get("/health").status_code == 200
     assert reached == ["/v1/models", "/v1/models", "/health"]
+
+
+def test_the_page_asks_a_browser_for_the_key_and_basic_credentials_carry_it(
+    gated: tuple[TestClient, list[str]],
+) -> None:
+    """A browser opening the page gets a Basic challenge (it prompts once, then sends the
+    key with every request the page makes); the key is the password, any user name."""
+    client, reached = gated
+    refused = client.get("/")
+    assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith('Basic realm="rag"')
+    assert client.get("/v1/models").headers["www-authenticate"] == "Bearer"  # API clients: no prompt
+    basic = base64.b64encode(f"anyone:{KEY}".encode()).decode()
+    assert client.get("/", headers={"Authorization": f"Basic {basic}"}).status_code == 200
+    assert client.get("/v1/models", headers={"Authorization": f"Basic {basic}"}).status_code == 200
+    wrong = base64.b64encode(f"anyone:{KEY}x".encode()).decode()
+    assert client.get("/", headers={"Authorization": f"Basic {wrong}"}).status_code == 401
+    assert reached == ["/", "/v1/models"]
 
 
 def test_no_keys_means_an_open_gate() -> None:

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import click
 
-from rag.answer import format_sources
-from rag.attribute import UNSUPPORTED
 from rag.cli.common import CONTEXT, build_settings, friendly, main, mode_option, open_pipeline, stack_options
-from rag.cli.shapes import answer_json, hit_json
 from rag.pipeline import Answer
+from rag.shapes import answer_json, hit_json
 
 __all__ = ["REFUSED", "ask", "chat", "search"]
 
@@ -74,31 +72,13 @@ def _stream_out(text: str) -> None:
 REFUSED = 3  # exit code of a guard refusal: neither success nor an error
 
 
-def _refusal(a: Answer) -> str:
-    what = "question" if a.blocked == "input" else "answer"
-    verdict = next((v for v in a.verdicts if v.stage == a.blocked), None)
-    why = verdict.why() if verdict else f"{a.blocked} stage"
-    return f"refused: the guard blocked the {what} ({why})"
-
-
 def _print_answer_tail(a: Answer) -> None:
     if a.blocked:
-        click.echo(_refusal(a))
+        click.echo(a.refusal())
         return
     click.echo()
-    if a.fallback is not None:
-        src, passage = a.fallback
-        where = src.path + (f" — {src.heading}" if src.heading else "")
-        click.echo(
-            f"\nMost of this answer has no support in the sources. What the documents say, "
-            f"[{src.n}] {where}:\n" + "\n".join(f"  > {line}" for line in passage.splitlines())
-        )
-    if any(x.support in ("unsupported", "restates") for x in a.sentences):
-        click.echo(f"\n{UNSUPPORTED}: no shown source supports that sentence")
-    if a.cited:
-        click.echo("\nSources:\n" + format_sources(a.cited))
-    elif a.covered:
-        click.echo("\n(no source supports this answer) Retrieved:\n" + format_sources(a.sources))
+    if tail := a.tail():
+        click.echo("\n" + tail)
 
 
 @main.command(context_settings=CONTEXT)

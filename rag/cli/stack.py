@@ -202,12 +202,18 @@ def check(path: Path, as_json: bool, facts_from: Path | None, model_id: str | No
     "--allow-unauthenticated", is_flag=True,
     help="Serve a non-loopback --host with no API key (only on a network that is yours alone).",
 )  # fmt: skip
+@click.option(
+    "--index", "index_dir", type=click.Path(file_okay=False, path_type=Path), envvar="RAG_INDEX_DIR",
+    default=Path(".rag/index"), show_default=True, show_envvar=True,
+    help="The index the `rag` model and the web page answer from (`rag index` writes it); "
+    "a new `rag index` there is picked up without a restart.",
+)  # fmt: skip
 @click.option("--exit-after-ready", is_flag=True, hidden=True)
 @friendly
 def serve(
     host: str, port: int, profile: str | None, path: Path, num_cpus: int, boot_timeout: float,
     metrics_port: int, api_keys: tuple[str, ...], key_files: tuple[Path, ...], allow_unauthenticated: bool,
-    exit_after_ready: bool,
+    index_dir: Path, exit_after_ready: bool,
 ) -> None:  # fmt: skip
     """Boot the four engines on this machine and serve until Ctrl-C.
 
@@ -272,11 +278,14 @@ def serve(
             "--api-key-file FILE (or RAG_API_KEY), or pass --allow-unauthenticated if that network "
             "is yours alone"
         )
+    os.environ["RAG_INDEX_DIR"] = str(index_dir.expanduser().resolve())  # for the serve module
+    err(_index_status(index_dir.expanduser().resolve()))
     url_out = _stdout_for_results_only()
 
     def ready(url: str) -> None:
         click.echo(url, file=url_out)
         url_out.flush()
+        err(f"web page: {url.removesuffix('/v1')}/ (the `rag` model: guarded answers with their sources)")
         err("serving; press Ctrl-C to stop")
 
     serve_forever(
@@ -284,6 +293,25 @@ def serve(
         boot_timeout_s=boot_timeout, log=err, on_ready=ready, metrics_port=metrics_port or None,
         api_keys=keys, exit_after_ready=exit_after_ready,
     )  # fmt: skip
+
+
+def _index_status(folder: Path) -> str:
+    """What the `rag` model will answer from, for the boot log."""
+    from rag.store import MANIFEST
+
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return (
+            f"rag model: no index in {folder} yet; `rag index PATH` builds one there "
+            "(RAG_INDEX_DIR), and it is picked up without a restart"
+        )
+    except (OSError, ValueError) as exc:
+        return f"rag model: the index in {folder} is unreadable ({exc}); rebuild it with `rag index PATH`"
+    return (
+        f"rag model: answers from {folder} ({manifest.get('count', '?')} chunks of "
+        f"{len(manifest.get('files') or {})} files, built {manifest.get('built_at', '?')})"
+    )
 
 
 def _stdout_for_results_only() -> TextIO:

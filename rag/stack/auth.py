@@ -10,11 +10,16 @@ key, with no early exit).
 Every route needs `Authorization: Bearer KEY` (what the OpenAI, Cohere, LangChain
 and litellm clients send as their api_key) except `OPEN_PATHS`, the health route.
 A missing or wrong key is answered 401 in the OpenAI error shape before the body
-is read: it never reaches an engine.
+is read: it never reaches an engine. A browser cannot send a bearer token when it
+opens a page, so the web page (`PAGE_PATHS`) is asked for with HTTP Basic: the key is
+the password (any user name), the browser prompts for it once and sends it with
+each request the page makes; every route takes a key that way too.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import ipaddress
@@ -35,6 +40,7 @@ __all__ = [
     "KEY_FILE_ENV",
     "MIN_KEY_CHARS",
     "OPEN_PATHS",
+    "PAGE_PATHS",
     "KeyGate",
     "digest",
     "is_loopback",
@@ -47,6 +53,7 @@ KEY_ENV = "RAG_API_KEY"
 KEY_FILE_ENV = "RAG_API_KEY_FILE"
 MIN_KEY_CHARS = 16  # `openssl rand -hex 16` gives 32; a short key is guessable over the network
 OPEN_PATHS = frozenset({"/health"})  # for load balancers and `rag serve`'s own wait
+PAGE_PATHS = ("/", "/web/")  # the web page: a 401 there asks the browser for the key (Basic)
 
 
 def read_key_file(path: Path) -> list[str]:
@@ -147,14 +154,17 @@ class KeyGate:
                 header = value.decode("latin-1")
                 break
         scheme, _, presented = header.partition(" ")
+        presented = presented.strip()
+        if scheme.lower() == "basic":
+            presented = _basic_password(presented)
         if not header:
             message = (
                 "no API key: send `Authorization: Bearer KEY` (the OpenAI client's api_key; "
                 "RAG_API_KEY for `rag`)"
             )
-        elif scheme.lower() != "bearer" or not presented.strip():
-            message = "the Authorization header must be `Bearer KEY`"
-        elif not self._allowed(presented.strip()):
+        elif scheme.lower() not in ("bearer", "basic") or not presented:
+            message = "the Authorization header must be `Bearer KEY` (or Basic, with the key as password)"
+        elif not self._allowed(presented):
             message = (
                 "the API key is not one this server accepts; check RAG_API_KEY (or the key file) "
                 "on both sides"
@@ -163,5 +173,17 @@ class KeyGate:
             await self.app(scope, receive, send)
             return
         response = self.refuse(401, message)
-        response.headers["WWW-Authenticate"] = "Bearer"
+        path = str(scope.get("path", ""))
+        page = path == PAGE_PATHS[0] or path.startswith(PAGE_PATHS[1:])
+        # A browser prompts for a Basic realm (the page), and an API client reads Bearer.
+        response.headers["WWW-Authenticate"] = 'Basic realm="rag", charset="UTF-8"' if page else "Bearer"
         await response(scope, receive, send)
+
+
+def _basic_password(credentials: str) -> str:
+    """The password of HTTP Basic credentials (base64 of `user:password`); "" if malformed."""
+    try:
+        decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
+    return decoded.partition(":")[2].strip()

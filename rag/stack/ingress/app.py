@@ -18,6 +18,7 @@ Serve pickles RagIngress and each ingress replica imports it from this module.
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,6 +29,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    ModelCard,
     ScoreRequest,
     TokenizeCompletionRequest,
     to_model_metadata,
@@ -43,6 +45,7 @@ from ray.serve.deployment import Application
 from ray.serve.exceptions import BackPressureError
 from starlette.responses import JSONResponse, Response
 
+from rag.settings import Settings
 from rag.stack.auth import KeyGate
 from rag.stack.ingress.admission import Admission, Capacity
 from rag.stack.ingress.boundary import Boundary
@@ -62,13 +65,21 @@ from rag.stack.ingress.limits import (
     check_score,
     limits_for,
 )
+from rag.stack.ingress.rag_model import RAG_MODEL, RagLimits, RagModel
 from rag.stack.ingress.rerank import RerankRequest, rerank_results
 from rag.stack.loopback import keep_replicas_on_loopback
 from rag.stack.structured import SCHEMA_LIMITS
+from rag.store import LiveIndex
 
 keep_replicas_on_loopback()  # imported as the ingress replica initializes (rag/stack/loopback.py)
 
 __all__ = ["ENDPOINTS", "RagIngress", "build_app", "make_app"]
+
+WEB = Path(__file__).resolve().parent / "web"  # the page: plain files, no build step, no CDN
+WEB_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+WEB_FILES = frozenset(p.name for p in WEB.iterdir() if p.suffix in WEB_TYPES) if WEB.is_dir() else frozenset()
+# Everything the page loads comes from here; nothing inline, nothing from elsewhere.
+PAGE_POLICY = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'"
 
 
 class RagIngress(OpenAiIngress):
@@ -82,10 +93,38 @@ class RagIngress(OpenAiIngress):
         lora_paths: dict[str, str] | None = None,
         limits: dict[str, dict[str, int]] | None = None,
         metrics_port: int | None = None,
+        rag: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
         self._limits = {model: Limits(**v) for model, v in (limits or {}).items()}
         self._metrics_port = metrics_port
+        self._rag: RagModel | None = None
+        if rag is not None:  # the `rag` model, over these engines' handles (rag_model.py)
+            settings: Settings = rag["settings"]
+            rag_limits = RagLimits(**rag["limits"])
+            self._model_cards[RAG_MODEL] = ModelCard(
+                id=RAG_MODEL, object="model", owned_by="rag", permission=[],
+                metadata={"rag": {
+                    "role": "rag", "index_dir": str(settings.index_dir), "limits": rag_limits.as_dict(),
+                }},
+            )  # fmt: skip
+            self._rag = RagModel(
+                settings,
+                LiveIndex(settings.index_dir),
+                rag_limits,
+                lambda body, method: self._get_response(body=body, call_method=method),
+                lambda: {m: dict(card.metadata.get("rag") or {}) for m, card in self._model_cards.items()},
+            )
+
+    @staticmethod
+    def _only_chat(model: str | None) -> Response | None:
+        """The `rag` model answers chat completions only."""
+        if model != RAG_MODEL:
+            return None
+        return openai_error(
+            400, f"model `{RAG_MODEL}` answers /v1/chat/completions only; name an engine "
+            "(chat, guard, embed, score) for this route", param="model",
+        )  # fmt: skip
 
     def _check(self, model: str | None, check: Callable[[Limits], Refusal | None]) -> Response | None:
         limits = self._limits.get(model or "")
@@ -103,19 +142,25 @@ class RagIngress(OpenAiIngress):
             return backpressure_error(exc)
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        if body.model == RAG_MODEL and self._rag is not None:
+            return await self._rag.respond(body)
         refused = self._check(body.model, lambda lim: check_chat(body, lim))
         return refused or await self.unless_busy(super().chat(body, request))
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        refused = self._check(body.model, lambda lim: check_completion(body, lim))
+        refused = self._only_chat(body.model) or self._check(
+            body.model, lambda lim: check_completion(body, lim)
+        )
         return refused or await self.unless_busy(super().completions(body, request))
 
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
-        refused = self._check(body.model, lambda lim: check_embeddings(body, lim))
+        refused = self._only_chat(body.model) or self._check(
+            body.model, lambda lim: check_embeddings(body, lim)
+        )
         return refused or await self.unless_busy(super().embeddings(body, request))
 
     async def score(self, body: ScoreRequest, request: Request) -> Response:
-        refused = self._check(body.model, lambda lim: check_score(body, lim))
+        refused = self._only_chat(body.model) or self._check(body.model, lambda lim: check_score(body, lim))
         return refused or await self.unless_busy(super().score(body, request))
 
     async def tokenize(self, body: TokenizeCompletionRequest, request: Request) -> Response:
@@ -126,6 +171,8 @@ class RagIngress(OpenAiIngress):
 
     async def rerank(self, body: RerankRequest, request: Request) -> Response:
         """Cohere / Jina / vLLM rerank, through the score engine's /v1/score."""
+        if refused_rag := self._only_chat(body.model):
+            return refused_rag
         if body.return_embeddings:
             return openai_error(
                 400, "return_embeddings: rerank returns no embeddings here; use /v1/embeddings",
@@ -159,6 +206,21 @@ class RagIngress(OpenAiIngress):
         """Open to all (no key): the ingress is up. `rag serve` probes each engine itself."""
         return JSONResponse({"status": "ok"})
 
+    async def page(self) -> Response:
+        """The web page: ask the documents through the `rag` model (behind the key)."""
+        return self._web_file("index.html")
+
+    async def web_file(self, name: str) -> Response:
+        return self._web_file(name)
+
+    @staticmethod
+    def _web_file(name: str) -> Response:
+        if name not in WEB_FILES:
+            return openai_error(404, f"no such file: /web/{name}")
+        media = WEB_TYPES[Path(name).suffix] + "; charset=utf-8"
+        headers = {"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-cache"}
+        return Response((WEB / name).read_bytes(), media_type=media, headers=headers)
+
     async def metrics(self) -> Response:
         """Ray's Prometheus endpoint (loopback only) relayed behind the API key, so a
         scraper on another machine reaches it through --host as every route is."""
@@ -184,6 +246,8 @@ ENDPOINTS: dict[str, Callable[[FastAPI], Callable[..., Any]]] = {
     "rerank_v2": lambda app: app.post("/v2/rerank"),
     "health": lambda app: app.get("/health"),
     "metrics": lambda app: app.get("/metrics"),
+    "page": lambda app: app.get("/", include_in_schema=False),
+    "web_file": lambda app: app.get("/web/{name}", include_in_schema=False),
 }
 
 
@@ -226,6 +290,7 @@ def build_app(
     *,
     key_digests: tuple[str, ...] = (),
     metrics_port: int | None = None,
+    rag: Settings | None = None,
 ) -> Application:
     """The Serve application: one deployment per config behind a RagIngress.
 
@@ -233,6 +298,8 @@ def build_app(
     (and the structured-output limits for an engine that generates). With
     `key_digests` (SHA-256 of each API key, rag/stack/auth.py) every route but
     /health needs one of those keys; `metrics_port` is where /metrics relays from.
+    With `rag` (the query path's settings, its index folder among them) the ingress
+    also serves the `rag` model (rag_model.py) and the web page at `/`.
     """
     llm_configs = list(configs.values())
     role_of = {c.model_id: role for role, c in configs.items()}
@@ -257,6 +324,11 @@ def build_app(
         for c in llm_configs
     }
     capacity = {c.model_id: cap for c in llm_configs if (cap := _capacity(c)) is not None}
+    rag_options: dict[str, Any] | None = None
+    if rag is not None:
+        rag_limits = RagLimits(max_tokens=rag.max_tokens)
+        capacity[RAG_MODEL] = rag_limits.capacity()
+        rag_options = {"settings": rag, "limits": rag_limits.as_dict()}
     fastapi_app = make_app(tuple(key_digests), capacity)
     ingress_cls = make_fastapi_ingress(RagIngress, endpoint_map=ENDPOINTS, app=fastapi_app)
     options = RagIngress.get_deployment_options(llm_configs)
@@ -267,5 +339,6 @@ def build_app(
         lora_paths={},
         limits={m: lim.as_dict() for m, lim in limits.items()},
         metrics_port=metrics_port,
+        rag=rag_options,
     )
     return app

@@ -1,4 +1,5 @@
-"""The JSON that `rag search --json` and `rag ask --json` print: a contract for scripts.
+"""The JSON that `rag search --json` and `rag ask --json` print, and the `rag` model's
+`rag` field carries (rag/stack/ingress/rag_model.py): a contract for scripts.
 
 Scripts (and tests/test_rag_e2e.py) read these fields: a change here changes the CLI's
 interface, not just its looks.
