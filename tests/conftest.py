@@ -72,6 +72,7 @@ class Stack:
         keys: tuple[str, ...],
         pid: int | None = None,
         metrics_url: str | None = None,
+        index_dir: Path | None = None,
     ) -> None:
         self.base_url = base_url
         self.log = log
@@ -79,6 +80,8 @@ class Stack:
         self.api_key = keys[0] if keys else "EMPTY"
         self.pid = pid  # of `rag serve`, when this session started it
         self.metrics_url = metrics_url  # Ray's Prometheus endpoint (RAG_TEST_METRICS_URL when reused)
+        # what `rag serve --index` names: empty at boot (RAG_TEST_INDEX_DIR when reused)
+        self.index_dir = index_dir
 
     @property
     def auth(self) -> dict[str, str]:
@@ -99,7 +102,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     """Boot `rag serve` on a free port, yield its URL, stop it and prove nothing is left."""
     if url := os.environ.get("RAG_TEST_BASE_URL"):  # reuse a running stack while developing
         keys = keys_from_env()
-        yield Stack(url.rstrip("/"), None, keys, metrics_url=os.environ.get("RAG_TEST_METRICS_URL"))
+        index = os.environ.get("RAG_TEST_INDEX_DIR")
+        yield Stack(
+            url.rstrip("/"), None, keys, metrics_url=os.environ.get("RAG_TEST_METRICS_URL"),
+            index_dir=Path(index) if index else None,
+        )  # fmt: skip
         return
     folder = tmp_path_factory.mktemp("stack")
     log = folder / "serve.log"
@@ -117,6 +124,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         str(free_port()),
         "--metrics-port",
         str(metrics_port),
+        "--index",
+        str(folder / "served-index"),
     ]
     try:
         server = Managed("rag serve", cmd, log, BOOT_TIMEOUT_S, lambda m: None)
@@ -127,7 +136,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         if line.startswith(("cpu:", "all four engines", "memory:", "  per engine:")):
             report(request, line.strip())
     try:
-        yield Stack(server.url, log, keys, server.proc.pid, f"http://127.0.0.1:{metrics_port}/metrics")
+        yield Stack(
+            server.url, log, keys, server.proc.pid, f"http://127.0.0.1:{metrics_port}/metrics",
+            folder / "served-index",
+        )  # fmt: skip
     finally:
         killed = server.stop()
         assert server.proc.returncode == 0, (

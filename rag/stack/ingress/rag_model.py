@@ -257,6 +257,8 @@ class RagModel:
             put("sentences", (answer, sentences))
 
         def run() -> None:
+            if gone.is_set():  # it waited for a worker, and its client left meanwhile
+                return
             try:
                 q, h = conversation.question, conversation.history
                 put("done", pipeline.ask(q, history=h, on_sentences=on_sentences))
