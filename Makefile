@@ -6,7 +6,7 @@ LOCK   := requirements/cpu.lock
 STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
-.PHONY: help install models run serve check test test-fast eval eval-git lint fmt lock clean
+.PHONY: help install models browser run serve check test test-fast eval eval-git lint fmt lock clean
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -30,7 +30,14 @@ run: models  ## fresh machine -> running stack answering a first request (Ctrl-C
 check: install  ## preflight inference.yaml and the GPU memory budget
 	$(BIN)/rag check
 
-test: models  ## the whole suite: unit tests, then the real four-engine CPU stack
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+browser:  ## Debian's chromium + chromedriver, for the web page's test (apt, once)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  echo "installing Debian's chromium and chromium-driver (tests/test_web.py drives the page with them)"; \
+	  $(SUDO) apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q chromium chromium-driver >/dev/null; }; }
+
+test: models browser  ## the whole suite: unit tests, then the real four-engine CPU stack and a browser
 	@$(BIN)/python -m pytest tests --durations=8; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; exit $$rc
 

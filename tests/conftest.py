@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -9,6 +10,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -146,6 +148,29 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
             f"rag serve exited {server.proc.returncode}:\n{log.read_text()[-3000:]}"
         )
         assert not killed, f"rag serve left processes behind: {killed}"
+
+
+def index_served(stack: Stack, corpus: Path) -> dict[str, Any]:
+    """`rag index CORPUS` into the folder the stack's `rag model` answers from."""
+    from click.testing import CliRunner
+
+    from rag.cli import main
+
+    env = {"RAG_BASE_URL": stack.base_url, "RAG_INDEX_DIR": str(stack.index_dir)}
+    result = CliRunner().invoke(main, ["index", str(corpus), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    stats: dict[str, Any] = json.loads(result.stdout)
+    return stats
+
+
+@pytest.fixture(scope="session")
+def served(stack: Stack) -> Stack:
+    """The stack with corpus/ indexed where `rag serve --index` points (tests that need
+    the served index empty, in tests/test_rag_model_e2e.py, run before any asks for this)."""
+    if stack.index_dir is None:
+        pytest.fail("a reused stack needs RAG_TEST_INDEX_DIR: the folder its `rag serve --index` names")
+    index_served(stack, ROOT / "corpus")
+    return stack
 
 
 @pytest.fixture(scope="module")

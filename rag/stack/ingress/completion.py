@@ -63,7 +63,7 @@ class Transcript:
             added.append(
                 {
                     "text": x.text, "start": start, "end": start + len(shown.rstrip()),
-                    "sources": list(x.sources), "support": x.support,
+                    "sources": list(x.sources), "support": x.support, "sep": x.sep,
                 }
             )  # fmt: skip
         self.content += delta
@@ -105,7 +105,12 @@ def rag_field(answer: Answer, transcript: Transcript, generation: str | None) ->
         "guard": verdict.why() if verdict else None,
         "fallback": None
         if answer.fallback is None
-        else {"n": answer.fallback[0].n, "path": answer.fallback[0].path, "passage": answer.fallback[1]},
+        else {
+            "n": answer.fallback[0].n,
+            "path": answer.fallback[0].path,
+            "heading": answer.fallback[0].heading,
+            "passage": answer.fallback[1],
+        },
         "index_generation": generation,
         "timings": {k: round(v, 4) for k, v in answer.timings.items()},
     }

@@ -55,7 +55,7 @@ class AssistantMessage {
         mark.title = "no shown source supports this sentence";
         this.answer.append(mark);
       }
-      this.answer.append(document.createTextNode(s.text.includes("\n") ? "\n" : " "));
+      this.answer.append(document.createTextNode(s.sep || " ")); // a list item or code block keeps its line
     }
     this.drawCards();
   }
@@ -95,7 +95,7 @@ class AssistantMessage {
     }
     if (!this.sentences.length) this.answer.replaceChildren(el("span", "not-covered", content.trim()));
     if (rag.fallback) {
-      this.extra.append(el("div", "fallback", `Most of this answer has no support in the sources. What the documents say, [${rag.fallback.n}] ${rag.fallback.path}:\n${rag.fallback.passage}`));
+      this.extra.append(el("div", "fallback", `Most of this answer has no support in the sources. What the documents say, [${rag.fallback.n}] ${this.where(rag.fallback)}:\n${rag.fallback.passage}`));
     }
     this.addSources(rag.sources || []);
   }
