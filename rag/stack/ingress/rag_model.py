@@ -23,6 +23,7 @@ an engine's batch (429 with Retry-After past them). Prometheus: each stage's sec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -214,12 +215,11 @@ class RagModel:
             return refuse(conversation)
         loop = asyncio.get_running_loop()
         try:
-            index = await loop.run_in_executor(self._pool, self.index.current)
+            index = await loop.run_in_executor(None, self.index.current)  # not behind the answers
         except ConfigError as exc:
             return openai_error(503, str(exc))
-        pipeline = Pipeline(
-            self.settings, HandleEngines(self._call, loop, self.settings, self._facts()), index
-        )
+        settings = dataclasses.replace(self.settings, max_tokens=conversation.max_tokens)
+        pipeline = Pipeline(settings, HandleEngines(self._call, loop, settings, self._facts()), index)
         request_id, created = f"chatcmpl-rag-{uuid.uuid4().hex}", int(time.time())
         generation = str(index.manifest.get("generation"))
         if body.stream:
