@@ -229,6 +229,12 @@ def serve(
     metrics on --metrics-port (README, "The edge"). GET /health needs no key.
 
     \b
+    The `rag` model on /v1/chat/completions gives `rag ask`'s guarded answer,
+    with its sources, to any OpenAI client (model="rag"), and the page at /
+    asks it from a browser; both answer from the index in --index, and a new
+    `rag index` there is picked up without a restart.
+
+    \b
     CPU profile: bfloat16 where the CPU has AVX512-BF16 or AMX, float32
     elsewhere (logged as `cpu: AVX2, no bf16 -> float32`); RAG_CPU_DTYPE
     overrides it, RAG_ENGINE_THREADS sets each engine's OpenMP threads

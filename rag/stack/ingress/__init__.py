@@ -25,6 +25,10 @@ serves for text models and adds:
   unpaired UTF-16 surrogates are 400s naming the field, and structured-output
   schemas are held to rag/stack/structured.py's limits.
 
+- The `rag` model on /v1/chat/completions (rag_model.py): `rag ask`'s guarded, cited
+  answer for any OpenAI client, through the engines' Serve handles, from the index
+  `rag serve --index` names; and the web page at `/` (web/) that asks it.
+
 Not routed: `/v1/audio/transcriptions` (no engine here takes audio).
 
     limits.py    what one request may ask of one engine; roles; structured output
@@ -32,6 +36,10 @@ Not routed: `/v1/audio/transcriptions` (no engine here takes audio).
     errors.py    the OpenAI error shape for refusals, Ray's and FastAPI's errors, 429s
     boundary.py  body size, content type and JSON checks, before any route
     admission.py requests in flight per engine, 429 past a batch running and one queued
+    rag_model.py the `rag` model: its request checks, limits, answers streamed or whole
+    handles.py   the engines through Serve handles, as the query path calls them
+    completion.py  an answer in the OpenAI chat shape, with its sources
+    web/         the page: index.html, app.js, app.css (no build step, no CDN)
     app.py       RagIngress, its FastAPI app, build_app
 """
 

@@ -4,13 +4,16 @@ Built on Ray Serve LLM 2.60's extension points (`OpenAiIngress` subclassed, rout
 wired by `make_fastapi_ingress` with our endpoint map `ENDPOINTS`), `RagIngress`
 keeps every route Ray serves for text models, checks each request against its
 engine's `Limits` before the engine sees it, answers a full engine queue with 429
-and Retry-After, and adds /v1/rerank, /health and /metrics (Ray's loopback-only
-Prometheus endpoint relayed behind the API key). `make_app` is the FastAPI app
+and Retry-After, and adds /v1/rerank, /health, /metrics (Ray's loopback-only
+Prometheus endpoint relayed behind the API key), the `rag` model (rag_model.py) and
+the web page at `/`. `make_app` is the FastAPI app
 under it: Ray's, with our error handlers, the `Boundary` and the `KeyGate`.
 `build_app` binds one deployment per LLMConfig behind a RagIngress, with each
 role's facts in its /v1/models `metadata["rag"]`.
 
 Serve pickles RagIngress and each ingress replica imports it from this module.
+Over 300 lines because it is one class with a method per route (Ray wires routes to
+the methods of the class it is given), and the builder that binds them.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures' types.

@@ -18,6 +18,9 @@ Limits (`RagLimits`, published in /v1/models): messages and characters per reque
 `workers` answers at once and as many waiting, counted by the edge's Admission like
 an engine's batch (429 with Retry-After past them). Prometheus: each stage's seconds
 (`rag_answer_stage_seconds`) and each answer's outcome (`rag_answers_total`).
+
+Over 300 lines because the request's checks and the two ways an answer goes out
+(whole, or streamed from the pipeline's thread) read best beside each other.
 """
 
 from __future__ import annotations
