@@ -22,8 +22,8 @@ def _still_serving(oai: OpenAI) -> None:
     assert reply.choices[0].message.content
 
 
-def test_models_lists_the_four_roles(oai: OpenAI) -> None:
-    assert sorted(m.id for m in oai.models.list()) == sorted(ROLES)
+def test_models_lists_the_four_roles_and_the_rag_model(oai: OpenAI) -> None:
+    assert sorted(m.id for m in oai.models.list()) == sorted([*ROLES, "rag"])
 
 
 def test_chat_plain_answers_from_real_weights(oai: OpenAI) -> None:

@@ -284,13 +284,14 @@ def serve(
             "--api-key-file FILE (or RAG_API_KEY), or pass --allow-unauthenticated if that network "
             "is yours alone"
         )
-    os.environ["RAG_INDEX_DIR"] = str(index_dir.expanduser().resolve())  # for the serve module
-    err(_index_status(index_dir.expanduser().resolve()))
+    index_dir = index_dir.expanduser().resolve()
+    os.environ["RAG_INDEX_DIR"] = str(index_dir)  # for the serve module
     url_out = _stdout_for_results_only()
 
     def ready(url: str) -> None:
         click.echo(url, file=url_out)
         url_out.flush()
+        err(_index_status(index_dir))
         err(f"web page: {url.removesuffix('/v1')}/ (the `rag` model: guarded answers with their sources)")
         err("serving; press Ctrl-C to stop")
 
