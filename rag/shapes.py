@@ -12,7 +12,7 @@ from typing import Any
 from rag.pipeline import Answer
 from rag.retrieve import Hit
 
-__all__ = ["answer_json", "hit_json"]
+__all__ = ["answer_json", "fallback_json", "hit_json"]
 
 
 def hit_json(h: Hit) -> dict[str, Any]:
@@ -21,6 +21,14 @@ def hit_json(h: Hit) -> dict[str, Any]:
         "path": h.chunk.path, "heading": h.chunk.heading, "chunk_id": h.chunk.id, "score": h.score,
         "dense": h.dense, "lexical": h.lexical, "rerank": h.rerank, "text": h.chunk.text,
     }  # fmt: skip
+
+
+def fallback_json(a: Answer) -> dict[str, Any] | None:
+    """The passage shown under an answer that rests on nothing, and where it is from."""
+    if a.fallback is None:
+        return None
+    src, passage = a.fallback
+    return {"n": src.n, "path": src.path, "heading": src.heading, "passage": passage}
 
 
 def answer_json(a: Answer) -> dict[str, Any]:
@@ -33,14 +41,7 @@ def answer_json(a: Answer) -> dict[str, Any]:
         "sources": [{"n": x.n, "path": x.path, "heading": x.heading, "score": x.score} for x in a.sources],
         "cited": [x.n for x in a.cited],
         "sentences": [x.as_dict() for x in a.sentences],
-        "fallback": None
-        if a.fallback is None
-        else {
-            "n": a.fallback[0].n,
-            "path": a.fallback[0].path,
-            "heading": a.fallback[0].heading,
-            "passage": a.fallback[1],
-        },
+        "fallback": fallback_json(a),
         "hits": [hit_json(h) for h in a.hits],
         "guard": [
             {

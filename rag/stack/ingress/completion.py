@@ -28,6 +28,7 @@ from typing import Any
 from rag.answer import Source
 from rag.attribute import Sentence, render
 from rag.pipeline import Answer
+from rag.shapes import fallback_json
 
 __all__ = ["Transcript", "chunk", "completion", "finish_reason", "rag_field", "source_json"]
 
@@ -103,14 +104,7 @@ def rag_field(answer: Answer, transcript: Transcript, generation: str | None) ->
         "blocked": answer.blocked,  # None, "input" or "output"
         "refusal": answer.refusal() if answer.blocked else None,
         "guard": verdict.why() if verdict else None,
-        "fallback": None
-        if answer.fallback is None
-        else {
-            "n": answer.fallback[0].n,
-            "path": answer.fallback[0].path,
-            "heading": answer.fallback[0].heading,
-            "passage": answer.fallback[1],
-        },
+        "fallback": fallback_json(answer),
         "index_generation": generation,
         "timings": {k: round(v, 4) for k, v in answer.timings.items()},
     }
