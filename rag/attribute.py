@@ -38,6 +38,7 @@ __all__ = [
     "UNSUPPORTED",
     "Attributor",
     "Sentence",
+    "early_point",
     "needs_fallback",
     "release_point",
     "render",
@@ -156,6 +157,23 @@ def release_point(text: str, after: int) -> int:
     ends = [b for b in _boundaries(text) if b > after]
     done = [b for b in ends if text[b:].strip()]
     return max(done, default=after)
+
+
+def early_point(text: str, words: int) -> int:
+    """Where the start of an unfinished first sentence may be shown early: just past its
+    first `words` words once another has begun, while nothing in them can change as the
+    sentence is rendered (a marker, code, a line break); 0 if not yet or never.
+
+    What is shown early is then a prefix of the sentence as `render` shows it."""
+    lead = len(text) - len(text.lstrip())
+    ends = [m.end() for m in re.finditer(r"\S+\s+", text[lead:])]
+    if len(ends) < words:
+        return 0
+    point = lead + ends[words - 1]
+    head = text[:point]
+    if "[" in head or "`" in head or "\n" in head.strip() or _boundaries(text[: point + 1]):
+        return 0
+    return point
 
 
 def render(s: Sentence, unsupported_mark: str = UNSUPPORTED) -> str:

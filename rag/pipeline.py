@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from rag.attribute import (
     UNSUPPORTED,
     Attributor,
     Sentence,
+    early_point,
     needs_fallback,
     release_point,
     render,
@@ -38,7 +41,9 @@ from rag.served import resolve
 from rag.settings import Settings
 from rag.store import Index
 
-__all__ = ["Answer", "Pipeline"]
+__all__ = ["EARLY_WORDS", "Answer", "Pipeline"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -89,6 +94,55 @@ class Answer:
         verdict = next((v for v in self.verdicts if v.stage == self.blocked), None)
         why = verdict.why() if verdict else f"{self.blocked} stage"
         return f"refused: the guard blocked the {what} ({why})"
+
+
+# The first sentence's first words are shown once this many have been generated (and
+# guarded) rather than when the sentence ends: on CPU a sentence takes 1-3 s to generate.
+EARLY_WORDS = 4
+_STAGES = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rag-stage")  # shared by all answers
+
+
+def _background(timings: dict[str, float], stage: str, fn: Callable[..., T], *args: Any) -> Future[T]:
+    """fn(*args) on a stage thread, its seconds recorded under `stage` when it ends."""
+
+    def run() -> T:
+        start = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            timings[stage] = timings.get(stage, 0.0) + time.monotonic() - start
+
+    return _STAGES.submit(run)
+
+
+@dataclass
+class _Pending:
+    """Verdicts an answer may run ahead of: the input guard's, and the reranker's scores."""
+
+    guard_in: Future[Verdict]
+    scored: Future[list[Hit]] | None = None
+    rest: list[Hit] = field(default_factory=list)  # the candidates not scored
+    judged: bool = False
+    done: bool = False
+
+    def admitted(self, ans: Answer) -> bool:
+        """Wait for the input guard; False, and the answer blocked, if it refused the question."""
+        v = self.guard_in.result()
+        if not self.judged:
+            ans.verdicts.insert(0, v)
+            self.judged = True
+        if not v.safe:
+            ans.blocked = "input"
+        return v.safe
+
+    def settle(self, ans: Answer) -> bool:
+        """Wait for both verdicts (the answer's hits set from the scores); False if refused."""
+        if not self.admitted(ans):
+            return False
+        if not self.done:
+            ans.hits = (self.scored.result() if self.scored is not None else []) + self.rest
+            self.done = True
+        return True
 
 
 class _Clock:
@@ -185,61 +239,122 @@ class Pipeline:
     ) -> Answer:
         """Answer `question` from the index, guarded on both sides, citing numbered sources.
 
-        Released text goes to `on_text` as shown (rendered with its [n] marks), and the
-        same sentences, attributed, to `on_sentences` with the answer so far (its sources
-        are set by then); either may raise to stop the answer (a client that went away)."""
+        Released text goes to `on_text` as shown (rendered with its [n] marks; the first
+        sentence may come in two pieces, its first words early), and the same sentences,
+        attributed, to `on_sentences` with the answer so far (its sources are set by
+        then); either may raise to stop the answer (a client that went away)."""
         ans = Answer(question)
-        clock = _Clock(ans.timings)
-        with clock("guard_in"):
-            v = self.guard(question)
-        ans.verdicts.append(v)
-        if not v.safe:
-            ans.blocked = "input"
+        overlap = bool(self._settled().overlap)
+        # Where the server's engines do not share cores (`overlap`, rag/served.py), the
+        # input guard runs beside retrieval and, in floor mode, the reranker beside
+        # generation; nothing is shown before the verdicts it depends on are in. On CPU
+        # each stage waits for the one before: overlapped, they slowed each other down.
+        pending = _Pending(_background(ans.timings, "guard_in", self.guard, question))
+        if not overlap and not pending.admitted(ans):
             return ans
         # A follow-up ("and what does it print?") means little alone: retrieve with the
         # previous question too. The model still sees the whole conversation.
         previous = [m["content"] for m in history if m.get("role") == "user"][-1:]
-        ans.hits = self.search(" ".join([*previous, question]), timings=ans.timings)
-        good = [h for h in ans.hits if (h.rerank if h.rerank is not None else h.score) >= self.s.min_score]
-        good = good[: self.s.sources]
+        query = " ".join([*previous, question])
+        hits = self.search(query, rerank=False, timings=ans.timings)
+        mode = self.s.rerank_mode
+        n = scored_count(mode, self.s.rerank_n, self.s.sources) if hits else 0
+        if n:
+            pending.scored = _background(ans.timings, "rerank", self.rerank, query, hits[:n])
+        pending.rest = hits[n:]
+        if overlap and mode == "floor" and n:
+            # The scores only gate the floor here: generate from the top candidates while
+            # they are scored, and start again only if one of them falls below it.
+            if self._answer(ans, hits[: min(n, self.s.sources)], history, on_text, on_sentences, pending):
+                return ans
+            ans.timings.pop("chat_first_token", None)
+        if pending.settle(ans):
+            self._answer(ans, self._good(ans.hits), history, on_text, on_sentences, None)
+        return ans
+
+    def _good(self, hits: Sequence[Hit]) -> list[Hit]:
+        """The candidates above the relevance floor that may become sources."""
+        good = [h for h in hits if (h.rerank if h.rerank is not None else h.score) >= self.s.min_score]
+        return good[: self.s.sources]
+
+    def _answer(
+        self,
+        ans: Answer,
+        good: list[Hit],
+        history: Sequence[dict[str, str]],
+        on_text: Callable[[str], None],
+        on_sentences: Callable[[Answer, list[Sentence]], None],
+        pending: _Pending | None,
+    ) -> bool:
+        """Generate from `good` and release it sentence by sentence, guarded and attributed.
+
+        With `pending` verdicts (the input guard, the reranker's scores), generation starts
+        before they are in and waits for them before it shows anything; False, with
+        nothing shown, when the scores change the sources (the caller starts again)."""
+
+        def settled() -> bool | None:  # True: go on; False: start again; None: refused
+            if pending is None or pending.done:
+                return True
+            if not pending.settle(ans):
+                return None
+            return [h.row for h in self._good(ans.hits)] == [h.row for h in good]
+
         if not good:
+            if pending is not None and settled() is None:
+                return True
             ans.covered = False
             ans.text = NOT_COVERED
             on_text(ans.text)
-            return ans
-        ans.sources = sources_from(good)
+            return True
+        clock = _Clock(ans.timings)
+        sources = sources_from(good)
         attributor = Attributor(
-            question, ans.sources, np.stack([self.index.vectors[h.row] for h in good]),
+            ans.question, sources, np.stack([self.index.vectors[h.row] for h in good]),
             self.client.embed, self.bm25.idf, threshold=self.s.support_threshold,
         )  # fmt: skip
-        messages = build_messages(question, ans.sources, history)
-        shown = 0
+        messages = build_messages(ans.question, sources, history)
+        shown, early = 0, ""  # released up to `shown`; the first words shown ahead of it
         generated = ""
         start = time.monotonic()
-        for piece in self.client.chat_stream(messages, max_tokens=self.s.max_tokens):
-            if "chat_first_token" not in ans.timings:
-                ans.timings["chat_first_token"] = time.monotonic() - start
-            generated += piece
-            end = release_point(generated, shown)
-            if end > shown:
-                if not self._release(ans, clock, generated[:end]):
-                    return ans
-                self._attribute(ans, clock, attributor, generated[shown:end], on_text, on_sentences)
-                shown = end
+        stream = self.client.chat_stream(messages, max_tokens=self.s.max_tokens)
+        try:
+            for piece in stream:
+                ans.timings.setdefault("chat_first_token", time.monotonic() - start)
+                generated += piece
+                end = release_point(generated, shown)
+                first_words = 0 if end > shown or shown or early else early_point(generated, EARLY_WORDS)
+                if end <= shown and not first_words:
+                    continue
+                if (ok := settled()) is not True:
+                    return ok is None
+                ans.sources = sources
+                if not self._release(ans, clock, generated[: max(end, first_words)]):
+                    return True
+                if first_words:
+                    early = generated[:first_words].lstrip()
+                    on_text(early)
+                    continue
+                self._attribute(ans, clock, attributor, generated[shown:end], on_text, on_sentences, early)
+                shown, early = end, ""
+        finally:
+            getattr(stream, "close", lambda: None)()  # a stopped answer frees its place in the batch
         ans.timings["chat"] = (
             time.monotonic() - start - ans.timings.get("guard_out", 0.0) - ans.timings.get("attribute", 0.0)
         )
+        if (ok := settled()) is not True:
+            return ok is None
+        ans.sources = sources
         if shown < len(generated.rstrip()):
             if not self._release(ans, clock, generated):
-                return ans
-            self._attribute(ans, clock, attributor, generated[shown:], on_text, on_sentences)
+                return True
+            self._attribute(ans, clock, attributor, generated[shown:], on_text, on_sentences, early)
         ans.text = "".join(render(x) for x in ans.sentences).strip()
         by_n = {x.n: x for x in ans.sources}
         ans.cited = [by_n[n] for n in dict.fromkeys(n for x in ans.sentences for n in x.sources)]
         ans.covered = NOT_COVERED.rstrip(".") not in generated
         if ans.covered and needs_fallback(ans.sentences):
             ans.fallback = attributor.best_passage()
-        return ans
+        return True
 
     def _attribute(
         self,
@@ -249,12 +364,15 @@ class Pipeline:
         released: str,
         on_text: Callable[[str], None],
         on_sentences: Callable[[Answer, list[Sentence]], None],
+        early: str = "",
     ) -> None:
-        """Attribute the sentences just released and hand them on, rendered."""
+        """Attribute the sentences just released and hand them on, rendered (less the
+        `early` words of the first one, already shown)."""
         with clock("attribute"):
             sentences = attributor.attribute(split_sentences(released))
         ans.sentences += sentences
-        on_text("".join(render(x) for x in sentences))
+        text = "".join(render(x) for x in sentences)
+        on_text(text[len(early) :] if early and text.startswith(early) else text)
         on_sentences(ans, sentences)
 
     def _release(self, ans: Answer, clock: _Clock, text_so_far: str) -> bool:

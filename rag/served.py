@@ -41,15 +41,15 @@ class FactsClient(Protocol):
 
 
 def _unresolved(s: Settings) -> bool:
-    if not (s.guard_format and s.rerank_mode):
+    if not (s.guard_format and s.rerank_mode) or s.overlap is None:
         return True
     # A score-format guard blocks at thresholds; a qwen3guard at its own labels.
     return s.guard_format == "score" and None in (s.guard_input_threshold, s.guard_output_threshold)
 
 
 def resolve(settings: Settings, client: FactsClient) -> Settings:
-    """`settings` with guard_format, the guard's thresholds and rerank_mode filled in from
-    the server where unset."""
+    """`settings` with guard_format, the guard's thresholds, rerank_mode and overlap filled
+    in from the server where unset."""
     if not _unresolved(settings):
         return settings
     facts = client.facts()
@@ -82,7 +82,10 @@ def resolve(settings: Settings, client: FactsClient) -> Settings:
                 "order, blend or floor"
             )
         rerank_mode = mode
-    return dataclasses.replace(settings, guard_format=guard_format, rerank_mode=rerank_mode)
+    overlap = settings.overlap
+    if overlap is None:  # a server that does not say: one stage at a time, as on CPU
+        overlap = facts.get(settings.chat_model, {}).get("overlap_stages") is True
+    return dataclasses.replace(settings, guard_format=guard_format, rerank_mode=rerank_mode, overlap=overlap)
 
 
 def _number(given: float | None, served: Any) -> float | None:

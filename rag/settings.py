@@ -54,6 +54,9 @@ class Settings:
     guard_strict: bool  # qwen3guard: block "Controversial" too
     max_tokens: int
     support_threshold: float  # attribution: support at or above which a source backs a sentence
+    # Run the input guard beside retrieval and the chat beside the reranker; None: as the
+    # server says its engines allow (rag/served.py: not on CPU, where they share cores).
+    overlap: bool | None = None
 
     def guard_threshold(self, stage: str) -> float:
         t = self.guard_input_threshold if stage == "input" else self.guard_output_threshold
@@ -93,6 +96,7 @@ class Settings:
             guard_strict=os.environ.get("RAG_GUARD_STRICT", "0").lower() in ("1", "true", "yes"),
             max_tokens=_int("RAG_MAX_TOKENS", 384),
             support_threshold=_float("RAG_SUPPORT_THRESHOLD", SUPPORT_THRESHOLD),
+            overlap=_optional_bool("RAG_OVERLAP"),
         )
 
 
@@ -104,6 +108,17 @@ def _int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _optional_bool(name: str) -> bool | None:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: use 1 or 0 (or leave it unset: the server decides)")
 
 
 def _optional_float(*names: str) -> float | None:

@@ -244,6 +244,10 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env(cores // 2),
+        # Each token on its own: on CPU a stream gets one every 50-250 ms, so Ray's default
+        # 50 ms batching merged nothing, delayed the first token by up to 50 ms and woke
+        # every open stream 20 times a second (issue 18, `rag bench --systems ours,bare`).
+        experimental_configs={"stream_batching_interval_ms": 0},
         engine_kwargs=common
         | {
             "max_model_len": 4096,

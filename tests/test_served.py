@@ -12,6 +12,7 @@ from rag.client import StackClient
 from rag.errors import ConfigError
 from rag.served import resolve
 from rag.settings import Settings
+from rag.stack.profiles import ROLE_FACTS
 
 
 def server(facts: dict[str, dict[str, object]], seen: list[str] | None = None) -> httpx.MockTransport:
@@ -26,8 +27,8 @@ def server(facts: dict[str, dict[str, object]], seen: list[str] | None = None) -
     return httpx.MockTransport(handle)
 
 
-GPU = {"guard": {"guard_format": "qwen3guard"}, "score": {"reranker": "cross-encoder"}}
-CPU = {"guard": {"guard_format": "score"}, "score": {"reranker": "yes-no-llm"}}
+GPU = ROLE_FACTS["gpu"]  # what each profile's server says of its models
+CPU = ROLE_FACTS["cpu"]
 
 
 @pytest.fixture
@@ -41,13 +42,13 @@ def test_a_gpu_stack_is_read_as_one_from_a_machine_without_a_gpu(unset: Settings
     assert unset.guard_format == "" and unset.rerank_mode == ""  # nothing guessed from local hardware
     with StackClient(unset, transport=server(GPU)) as client:
         s = resolve(unset, client)
-    assert (s.guard_format, s.rerank_mode) == ("qwen3guard", "order")
+    assert (s.guard_format, s.rerank_mode, s.overlap) == ("qwen3guard", "order", True)
 
 
 def test_a_cpu_stack_gets_the_classifier_guard_and_the_rerank_floor(unset: Settings) -> None:
     with StackClient(unset, transport=server(CPU)) as client:
         s = resolve(unset, client)
-    assert (s.guard_format, s.rerank_mode) == ("score", "floor")
+    assert (s.guard_format, s.rerank_mode, s.overlap) == ("score", "floor", False)  # engines share cores
 
 
 def test_env_vars_still_override_without_asking(unset: Settings) -> None:
@@ -58,10 +59,11 @@ def test_env_vars_still_override_without_asking(unset: Settings) -> None:
         rerank_mode="blend",
         guard_input_threshold=0.5,
         guard_output_threshold=0.6,
+        overlap=False,
     )
     with StackClient(chosen, transport=server(GPU, seen)) as client:
         assert resolve(chosen, client) == chosen
-        qwen3guard = dataclasses.replace(unset, guard_format="qwen3guard", rerank_mode="order")
+        qwen3guard = dataclasses.replace(unset, guard_format="qwen3guard", rerank_mode="order", overlap=True)
         assert resolve(qwen3guard, client) == qwen3guard  # needs no thresholds
     assert seen == []
 

@@ -1,6 +1,7 @@
 """The extras: what the stack does besides the chat sweep, each probe on its own.
 
-Embeddings and score throughput, the time `rag ask` spends in each stage, how the
+Embeddings and score throughput, the time `rag ask` spends in each stage and takes
+to its first shown word, how the
 ingress behaves at ten times the chat engine's batch (refusals, not hangs), and
 what a query costs besides the model calls, on a synthetic index. Each returns
 the dict bench.json holds under `extras`.
@@ -16,10 +17,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -29,7 +30,18 @@ from rag.bench.workload import auth_header, workload
 from rag.errors import ServeError
 from rag.served import facts_from_models
 
-__all__ = ["ask_latency", "embeddings_throughput", "overload", "query_overhead", "score_throughput"]
+if TYPE_CHECKING:
+    from rag.pipeline import Pipeline
+
+__all__ = [
+    "ask_latency",
+    "ask_pipeline",
+    "embeddings_throughput",
+    "first_shown",
+    "overload",
+    "query_overhead",
+    "score_throughput",
+]
 
 
 def embeddings_throughput(
@@ -83,10 +95,9 @@ def score_throughput(base_url: str, model: str, requests: int = 16, pairs: int =
     }
 
 
-def ask_latency(
-    base_url: str, corpus: Path, questions: Sequence[str], concurrencies: Sequence[int], workdir: Path
-) -> list[dict[str, Any]]:
-    """Mean seconds per `rag ask` stage at each concurrency, over an index of `corpus`."""
+@contextlib.contextmanager
+def ask_pipeline(base_url: str, corpus: Path, workdir: Path) -> Iterator[Pipeline]:
+    """`rag ask`'s Pipeline against the stack at `base_url`, over a fresh index of `corpus`."""
     import dataclasses
 
     from rag.client import StackClient
@@ -98,27 +109,63 @@ def ask_latency(
     s = dataclasses.replace(Settings.from_env(), base_url=base_url.rstrip("/"), index_dir=workdir / "index")
     with StackClient(s) as client:
         build([corpus], s.index_dir, client, s.embed_model)
-        pipe = Pipeline(s, client, load_index(s.index_dir))
-        out = []
-        for c in concurrencies:
-            qs = [questions[i % len(questions)] for i in range(max(c, len(questions)))]
-            start = time.perf_counter()
-            with ThreadPoolExecutor(c) as pool:
-                answers = list(pool.map(pipe.ask, qs))
-            wall = time.perf_counter() - start
-            stages = sorted({k for a in answers for k in a.timings})
-            out.append(
-                {
-                    "concurrency": c,
-                    "questions": len(qs),
-                    "wall_s": round(wall, 2),
-                    "mean_stage_s": {
-                        k: round(statistics.mean(a.timings.get(k, 0.0) for a in answers), 4) for k in stages
-                    },
-                    "blocked": sum(1 for a in answers if a.blocked),
-                }
-            )
+        yield Pipeline(s, client, load_index(s.index_dir))
+
+
+def ask_latency(
+    pipe: Pipeline, questions: Sequence[str], concurrencies: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Mean seconds per `rag ask` stage at each concurrency."""
+    out = []
+    for c in concurrencies:
+        qs = [questions[i % len(questions)] for i in range(max(c, len(questions)))]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(c) as pool:
+            answers = list(pool.map(pipe.ask, qs))
+        wall = time.perf_counter() - start
+        stages = sorted({k for a in answers for k in a.timings})
+        out.append(
+            {
+                "concurrency": c,
+                "questions": len(qs),
+                "wall_s": round(wall, 2),
+                "mean_stage_s": {
+                    k: round(statistics.mean(a.timings.get(k, 0.0) for a in answers), 4) for k in stages
+                },
+                "blocked": sum(1 for a in answers if a.blocked),
+            }
+        )
     return out
+
+
+def first_shown(pipe: Pipeline, questions: Sequence[str]) -> dict[str, Any]:
+    """Seconds from `rag ask`'s start to its first shown word, one question at a time.
+
+    Shown is what `rag ask` prints: the first released (guard-passed) sentence; for a
+    refusal or an answer the sources do not cover, the whole (one-line) reply. One
+    untimed question first, so no engine's first call is counted."""
+    pipe.ask(questions[0])
+    seconds, whole = [], []
+    for q in questions:
+        shown: list[float] = []
+
+        def on_text(text: str, shown: list[float] = shown) -> None:
+            if text:
+                shown.append(time.perf_counter())
+
+        start = time.perf_counter()
+        pipe.ask(q, on_text=on_text)
+        done = time.perf_counter()
+        seconds.append((shown[0] if shown else done) - start)
+        whole.append(done - start)
+    return {
+        "questions": len(questions),
+        "p50_s": percentile(seconds, 50, 3),
+        "p95_s": percentile(seconds, 95, 3),
+        "whole_p50_s": percentile(whole, 50, 3),
+        "whole_p95_s": percentile(whole, 95, 3),
+        "seconds": [round(x, 3) for x in seconds],
+    }
 
 
 def overload(base_url: str, model: str, factor: int = 10, max_tokens: int = 16) -> dict[str, Any]:

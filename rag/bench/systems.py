@@ -1,17 +1,26 @@
-"""The systems the bench starts: the stack (`rag serve`) and the one-at-a-time baseline.
+"""The systems the bench starts: the stack (`rag serve`), bare vLLM, and the one-at-a-time baseline.
 
-Each is a `Managed` subprocess that prints its URL when ready; the CLI stops one
-before it starts the next, so the two never share cores.
+Each is a `Managed` subprocess; the CLI stops one before it starts the next, so
+no two share cores. Bare vLLM is what a user would run instead of the stack:
+vLLM's own OpenAI server over the stack's chat weights, with the chat engine's
+settings read from the serve module (engine arguments, OpenMP threads, executor),
+so `ours / bare` measures what Ray Serve and our ingress cost, nothing else.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rag.stack.process import Log, Managed
 
-__all__ = ["start_baseline", "start_stack"]
+__all__ = ["bare_command", "start_bare", "start_baseline", "start_stack"]
+
+# Environment of the chat engine's runtime_env that has a meaning outside Ray Serve LLM.
+_ENGINE_ENV_PREFIXES = ("OMP_", "VLLM_", "MALLOC_", "HF_", "TOKENIZERS_")
 
 
 def start_stack(port: int, workdir: Path, log: Log) -> Managed:
@@ -19,6 +28,57 @@ def start_stack(port: int, workdir: Path, log: Log) -> Managed:
     log(f"starting the stack on port {port} (a few minutes on CPU) ...")
     cmd = [sys.executable, "-m", "rag.cli", "serve", "--port", str(port), "--metrics-port", str(port + 2)]
     return Managed("the stack", cmd, workdir / "stack.log", 1200, log)
+
+
+def _flag(key: str, value: Any) -> list[str]:
+    name = "--" + key.replace("_", "-")
+    if value is True:
+        return [name]
+    if value is False:
+        return [f"--no-{key.replace('_', '-')}"]
+    if isinstance(value, dict | list):
+        return [name, json.dumps(value)]
+    return [name, str(value)]
+
+
+def bare_command(cfg: Any, port: int) -> tuple[list[str], dict[str, str]]:
+    """vLLM's OpenAI server with `cfg`'s (an LLMConfig) model, engine arguments and engine
+    environment, on 127.0.0.1:`port`: (argv, environment)."""
+    loading = cfg.model_loading_config
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(loading.model_source), "--served-model-name", loading.model_id,
+        "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    engine = dict(cfg.engine_kwargs)
+    # The stack runs each CPU model inside its EngineCore (rag/stack/engine_hooks.py):
+    # the same executor here, so both compute with the same threads on the same cores.
+    env_vars = dict((cfg.runtime_env or {}).get("env_vars") or {})
+    if env_vars.get("RAYLLM_VLLM_ENGINE_CLS", "").endswith("InProcessEngine"):
+        engine.setdefault("distributed_executor_backend", "uni")
+    for key, value in engine.items():
+        cmd += _flag(key, value)
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in env_vars.items() if k.startswith(_ENGINE_ENV_PREFIXES)})
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return cmd, env
+
+
+def start_bare(module_path: Path, port: int, workdir: Path, log: Log) -> Managed:
+    """Bare vLLM serving the stack's chat engine as `module_path` configures it (CPU profile
+    or GPU, whichever `rag serve` would pick), logging to workdir/bare.log."""
+    from rag.stack.preflight import load_configs
+    from rag.stack.profiles import detect_profile
+
+    cfg = load_configs(module_path, detect_profile())["chat"]
+    cmd, env = bare_command(cfg, port)
+    if "hermes_json" in cmd:  # our parser, registered by the stack's engine hook, unknown to vLLM
+        i = cmd.index("--tool-call-parser")
+        cmd[i : i + 2] = ["--tool-call-parser", "hermes"]
+    log(f"starting bare vLLM on port {port} ({' '.join(cmd[3:])}) ...")
+    url = f"http://127.0.0.1:{port}/v1"
+    return Managed("bare vLLM", cmd, workdir / "bare.log", 900, log, ready_url=url, env=env)
 
 
 def start_baseline(model_dir: str, port: int, workdir: Path, log: Log) -> Managed:

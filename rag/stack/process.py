@@ -70,15 +70,38 @@ def end_tree(procs: Iterable[psutil.Process]) -> int:
 
 
 class Managed:
-    """A server subprocess that prints its URL on stdout when ready; started, waited for
-    and stopped with everything it spawned."""
+    """A server subprocess, started, waited for until ready and stopped with everything
+    it spawned. Ready means it printed its URL on stdout, or, given `ready_url`, that
+    URL's /health answers 200 (a server that logs to stdout: its stdout goes to the log)."""
 
-    def __init__(self, name: str, cmd: list[str], log_path: Path, ready_timeout_s: float, log: Log) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        log_path: Path,
+        ready_timeout_s: float,
+        log: Log,
+        *,
+        ready_url: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name, self.log = name, log
         self.log_file = log_path.open("w")
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self.log_file, text=True, start_new_session=True
+            cmd,
+            stdout=self.log_file if ready_url else subprocess.PIPE,
+            stderr=self.log_file,
+            text=True,
+            start_new_session=True,
+            env=env,
         )
+        url = self._health(ready_url, ready_timeout_s) if ready_url else self._printed(ready_timeout_s)
+        if url is None:
+            self.stop()
+            raise ServeError(f"{name} did not start in {ready_timeout_s:.0f} s; see {log_path}")
+        self.url = url
+
+    def _printed(self, timeout_s: float) -> str | None:
         box: list[str] = []
 
         def read() -> None:
@@ -89,11 +112,20 @@ class Managed:
 
         t = threading.Thread(target=read, daemon=True)
         t.start()
-        t.join(ready_timeout_s)
-        if not box or not box[0].startswith("http"):
-            self.stop()
-            raise ServeError(f"{name} did not start in {ready_timeout_s:.0f} s; see {log_path}")
-        self.url = box[0]
+        t.join(timeout_s)
+        return box[0] if box and box[0].startswith("http") else None
+
+    def _health(self, url: str, timeout_s: float) -> str | None:
+        import httpx
+
+        root = url.rstrip("/").removesuffix("/v1")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{root}/health", timeout=5).status_code == 200:
+                    return url
+            time.sleep(1)
+        return None
 
     def stop(self, timeout_s: float = 180) -> list[int]:
         """Ctrl-C the server, wait for it, then kill whatever of its session outlived it.

@@ -35,7 +35,7 @@ from rag.stack.loopback import LOOPBACK_ENV
 from rag.stack.process import end_tree
 from rag.stack.profiles import cpu_model_set
 
-__all__ = ["OFFLINE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
+__all__ = ["OFFLINE_ENV", "SERVE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
 
 Log = Callable[[str], None]
 LOOPBACK = "127.0.0.1"
@@ -49,6 +49,18 @@ OFFLINE_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
+}
+# What every streamed token costs on its way through Serve, cut (issue 18; each measured
+# with `rag bench --systems ours,bare`, see README "Benchmark"). Set before Ray starts,
+# so the controller, the proxy and every replica read them: user code on the replica's
+# own event loop (no hop between two loops per chunk), the router in it too, access
+# logs written 1,000 lines at a time rather than one, no prompt of every request in the
+# replica's log (a privacy leak as well as a cost).
+SERVE_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+    "RAYLLM_ENABLE_REQUEST_PROMPT_LOGS": "0",
 }
 
 
@@ -284,6 +296,8 @@ def serve_forever(
                 f"port with {option}"
             )
     os.environ.update(OFFLINE_ENV)
+    for name, value in SERVE_ENV.items():  # a value set by the user wins
+        os.environ.setdefault(name, value)
     os.environ["RAG_PROFILE"] = profile
     for name in (auth.KEY_ENV, auth.KEY_FILE_ENV):  # not for Ray's processes to inherit
         os.environ.pop(name, None)
@@ -364,11 +378,14 @@ def serve_forever(
         mem = footprint.measure(os.getpid(), "rag serve")
         log(f"memory: {mem.summary()}")
         log("  per engine: " + ", ".join(f"{r} {b / footprint.GiB:.2f}" for r, b in mem.by_role().items()))
+        log(f"ready in {time.monotonic() - start:.0f} s")
+        on_ready(url)
+        # After the URL: every engine has answered the probe; a real answer is for the
+        # person watching, and on a slow CPU it takes seconds (48 tokens at 10/s).
         try:
             log(f"first answer from `chat`: {first_answer(url, api_key=key)}")
         except httpx.HTTPError as exc:  # the probe passed; a slow first answer is no reason to stop
             log(f"first answer from `chat` failed: {exc}")
-        on_ready(url)
         if exit_after_ready:
             return
         while True:
