@@ -80,8 +80,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Machine: {m['cpu']} ({flags}), {m['cores']} cores, {m['memory_gib']} GiB. "
         f"Workload: seed {report['seed']}, {report['max_tokens']} output tokens per request (ignore_eos), "
-        "prompts of 40-160 words, max(concurrency, "
-        f"{report.get('min_requests', '?')}) requests per level.",
+        f"prompts of 40-160 words, max({report.get('waves', 1)} x concurrency, "
+        f"{report.get('min_requests', '?')}) requests per level (the baseline: 1 x).",
         "",
         "| concurrency | "
         + " | ".join(f"{n} tok/s" for n in names)

@@ -3,8 +3,12 @@
 Each is a `Managed` subprocess; the CLI stops one before it starts the next, so
 no two share cores. Bare vLLM is what a user would run instead of the stack:
 vLLM's own OpenAI server over the stack's chat weights, with the chat engine's
-settings read from the serve module (engine arguments, OpenMP threads, executor),
-so `ours / bare` measures what Ray Serve and our ingress cost, nothing else.
+engine arguments and environment (OpenMP threads) read from the serve module, so
+`ours / bare` measures what Ray Serve, our ingress and our engine hooks make of
+the same engine. One thing differs by vLLM's choice: on CPU it always runs the
+model in a worker process of its own, pinned to a core (vllm/platforms/cpu.py
+overrides `--distributed-executor-backend uni`), where the stack runs it inside
+the EngineCore (rag/stack/engine_hooks.py).
 """
 
 from __future__ import annotations
@@ -51,11 +55,7 @@ def bare_command(cfg: Any, port: int) -> tuple[list[str], dict[str, str]]:
         "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
     ]  # fmt: skip
     engine = dict(cfg.engine_kwargs)
-    # The stack runs each CPU model inside its EngineCore (rag/stack/engine_hooks.py):
-    # the same executor here, so both compute with the same threads on the same cores.
     env_vars = dict((cfg.runtime_env or {}).get("env_vars") or {})
-    if env_vars.get("RAYLLM_VLLM_ENGINE_CLS", "").endswith("InProcessEngine"):
-        engine.setdefault("distributed_executor_backend", "uni")
     for key, value in engine.items():
         cmd += _flag(key, value)
     env = dict(os.environ)

@@ -23,7 +23,14 @@ SYSTEMS = ("ours", "bare", "baseline")
     type=click.IntRange(1),
     default=4,
     show_default=True,
-    help="Requests per level: max(level, this).",
+    help="Requests per level: at least this many.",
+)
+@click.option(
+    "--waves",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Requests per level: at least this many times the level (the baseline, one at a time: 1).",
 )
 @click.option(
     "--max-tokens",
@@ -83,9 +90,9 @@ SYSTEMS = ("ours", "bare", "baseline")
 )  # fmt: skip
 @friendly
 def bench(
-    levels: str, min_requests: int, max_tokens: int, seed: int, systems: str, ours_url: str | None,
-    bare_url: str | None, baseline_url: str | None, baseline_model: str | None, extras: bool, out: Path,
-    port: int, deploy_file: Path,
+    levels: str, min_requests: int, waves: int, max_tokens: int, seed: int, systems: str,
+    ours_url: str | None, bare_url: str | None, baseline_url: str | None, baseline_model: str | None,
+    extras: bool, out: Path, port: int, deploy_file: Path,
 ) -> None:  # fmt: skip
     """Sweep concurrency against the stack's chat engine, bare vLLM and a one-at-a-time baseline.
 
@@ -137,7 +144,7 @@ def bench(
     work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "machine": machine(), "seed": seed, "max_tokens": max_tokens, "levels": level_list,
-        "min_requests": min_requests, "systems": {}, "extras": {},
+        "min_requests": min_requests, "waves": waves, "systems": {}, "extras": {},
     }  # fmt: skip
     for name in chosen:
         given = {"ours": ours_url, "bare": bare_url, "baseline": baseline_url}[name]
@@ -154,8 +161,9 @@ def bench(
             err(f"{name}: sweeping {level_list} at {url}")
             model = s.chat_model
             sweep = run_sweep(
-                url, model, level_list, min_requests=min_requests, max_tokens=max_tokens, seed=seed, log=err
-            )
+                url, model, level_list, min_requests=min_requests, max_tokens=max_tokens, seed=seed, log=err,
+                waves=1 if name == "baseline" else waves,  # one at a time: the order changes nothing
+            )  # fmt: skip
             report["systems"][name] = summarize(sweep)
             if name == "ours" and extras:
                 err("ours: embeddings, score and rag ask latency")
