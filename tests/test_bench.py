@@ -1,6 +1,6 @@
-"""`rag bench`: its workload, knee and percentile; stopping the systems it starts (nothing of
-theirs outlives the bench); and a smoke run with tiny parameters, both systems, every output
-file. No timing is asserted."""
+"""`rag bench`: its workload, knee and percentile; bare vLLM's command from the chat engine's
+config; stopping the systems it starts (nothing of theirs outlives the bench); and a smoke
+run with tiny parameters, all three systems, every output file. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from rag.bench.stats import percentile
+from rag.bench.systems import bare_command
 from rag.bench.workload import knee, workload
 from rag.cli import main
 from rag.errors import ServeError
@@ -55,6 +56,28 @@ LEAVES_A_CHILD = textwrap.dedent(
     time.sleep(120)
     """
 )
+
+
+def test_bare_vllm_gets_the_chat_engines_arguments_and_engine_environment() -> None:
+    from ray.serve.llm import LLMConfig
+
+    cfg = LLMConfig(
+        model_loading_config={"model_id": "chat", "model_source": "/models/qwen"},
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAYLLM_VLLM_ENGINE_CLS": "x.Engine", "A": "b"}},
+        engine_kwargs={"dtype": "bfloat16", "enforce_eager": True, "max_num_seqs": 64,
+                       "hf_overrides": {"architectures": ["Q"]}, "enable_chunked_prefill": False},
+    )  # fmt: skip
+    cmd, env = bare_command(cfg, 8303)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    flags = " ".join(cmd[3:])
+    assert "--model /models/qwen --served-model-name chat --host 127.0.0.1 --port 8303" in flags
+    assert "--dtype bfloat16 --enforce-eager --max-num-seqs 64" in flags
+    assert '--hf-overrides {"architectures": ["Q"]}' in flags and "--no-enable-chunked-prefill" in flags
+    assert env["OMP_NUM_THREADS"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    assert (
+        "RAYLLM_VLLM_ENGINE_CLS" not in env or env["RAYLLM_VLLM_ENGINE_CLS"] != "x.Engine"
+    )  # Ray's, not vLLM's
+    assert env.get("A") != "b"
 
 
 def test_stopping_a_started_system_kills_what_outlived_ctrl_c(tmp_path: Path) -> None:
@@ -99,6 +122,10 @@ def test_bench_smoke_against_the_stack_and_a_started_baseline(stack: Stack, tmp_
             "2",
             "--max-tokens",
             "4",
+            "--waves",
+            "1",
+            "--systems",
+            "ours,bare,baseline",
             "--no-extras",
             "--ours-url",
             stack.base_url,
@@ -110,11 +137,17 @@ def test_bench_smoke_against_the_stack_and_a_started_baseline(stack: Stack, tmp_
     )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "bench.json").read_text())
-    for name in ("ours", "baseline"):
+    assert list(report["systems"]) == ["ours", "bare", "baseline"]  # in the order asked, one at a time
+    for name in ("ours", "bare", "baseline"):
         levels = report["systems"][name]["levels"]
         assert [lv["concurrency"] for lv in levels] == [1, 2]
         assert all(lv["errors"] == 0 and lv["requests"] == 2 for lv in levels)
         assert all(lv["output_tokens_per_s"] > 0 and lv["ttft_p50_s"] <= lv["latency_p50_s"] for lv in levels)
-    assert report["targets"]["ttft_ratio_at_1"] is not None
+    targets = report["targets"]
+    assert targets["ours_over_bare_ttft_p50_at_1"] > 0
+    assert set(targets["ours_over_bare_tokens_per_s"]) == {"1", "2"}  # a ratio per level
+    assert all(r > 0 for r in targets["ours_over_baseline_tokens_per_s"].values())
+    assert "ours/bare tok/s" in (out / "bench.md").read_text()
+    assert (out / "logs" / "bare.log").stat().st_size > 0  # vLLM logged its boot there
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "| concurrency |" in (out / "bench.md").read_text()
