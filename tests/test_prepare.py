@@ -172,3 +172,33 @@ def test_the_shipped_guard_head_matches_its_card_and_template() -> None:
         # a head is only valid with the prompt it was trained on
         assert hashlib.sha256((ROOT / card["template"]).read_bytes()).hexdigest() == card["template_sha256"]
         assert set(card["thresholds"]) == {"input", "output"}
+
+
+def test_prepare_caches_vllms_model_inspection_for_every_engine_then_skips_it(tmp_path: Path) -> None:
+    """`rag prepare` resolves each engine's model config as its boot would, so vLLM's
+    registry caches what it found out (the first boot then runs no inspection subprocess
+    per engine); a second run sees the marker and imports nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from rag.stack.profiles import default_models_dir
+
+    if not (default_models_dir() / "qwen2.5-coder-0.5b-instruct").exists():
+        pytest.skip("run `rag prepare` first")
+    models = tmp_path / "models"
+    models.mkdir()
+    for entry in default_models_dir().iterdir():  # the prepared weights, not a copy
+        if not entry.name.startswith("."):
+            (models / entry.name).symlink_to(entry)
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "RAG_MODELS_DIR": str(models)}
+    cmd = [sys.executable, "-m", "rag.cli", "prepare"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "model inspection cached" in first.stderr and "chat, guard, embed, score" in first.stderr
+    cached = sorted(p.name for p in (tmp_path / "vllm" / "modelinfos").glob("*.json"))
+    assert any("Qwen2ForCausalLM" in name for name in cached) and len(cached) >= 3, cached
+    assert [p.name for p in models.glob(".modelinfo-qwen-vllm-*")]
+    assert first.stdout.splitlines()[0].startswith("chat\t")  # stdout stays the folder list
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0 and "model inspection" not in second.stderr

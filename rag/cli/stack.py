@@ -6,6 +6,7 @@ user reads through `--help`; the work itself lives in rag/stack/.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -53,9 +54,40 @@ def prepare(model_set: str, models_dir: Path | None) -> None:
     """
     from rag.stack.prepare import prepare as run
 
-    folders = run(model_set, models_dir or default_models_dir(), err)
+    models_dir = models_dir or default_models_dir()
+    folders = run(model_set, models_dir, err)
     for role, folder in folders.items():
         click.echo(f"{role}\t{folder}")
+    _warm(model_set, models_dir)
+
+
+def _warm(model_set: str, models_dir: Path) -> None:
+    """vLLM's per-model inspection for the serve module's CPU configs, done now rather than
+    in each engine's first boot (rag/stack/warm.py); skipped without inference.yaml here."""
+    from rag.stack.preflight import load_configs, load_deploy
+    from rag.stack.warm import is_warm, marker, warm_model_info
+
+    done = marker(models_dir, model_set)
+    if is_warm(done):
+        return
+    deploy = Path(os.environ.get("RAG_DEPLOY_FILE") or "inference.yaml")
+    if not deploy.is_file():
+        err(f"note: no {deploy} here, so vLLM's model inspection is left to the first boot")
+        return
+    # The set and folder just prepared, whatever the environment says.
+    chosen = {CPU_MODELS_ENV: model_set, "RAG_MODELS_DIR": str(models_dir)}
+    before = {name: os.environ.get(name) for name in chosen}
+    os.environ.update(chosen)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout; stdout is the folder list
+            configs = load_configs(load_deploy(deploy).module_path, "cpu")
+            warm_model_info(configs, done, err)
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @main.command(context_settings=CONTEXT)
