@@ -4,10 +4,19 @@ rag/rerank.py, rag/answer.py, rag/attribute.py); this one runs them in order and
 
 The answer streams, but no text reaches the caller before the guard has seen
 it: generated text is held back a sentence at a time and released once the
-guard has passed the answer so far. Each released sentence is then attributed
-(rag/attribute.py): it goes out carrying the sources that support it, or marked
-as having none. An answer most of whose claims rest on nothing is followed by
-the passage of the sources that best covers the question (`Answer.fallback`).
+guard has passed the answer so far; only the first sentence's first EARLY_WORDS
+words go out ahead of its end, guarded the same way, so the first word comes
+while the first sentence is still being written. Where the server's engines do
+not share cores (Settings.overlap), the input guard runs beside retrieval and the
+chat beside the reranker, and nothing is shown before both verdicts are in.
+
+Each released sentence is then attributed (rag/attribute.py): it goes out carrying
+the sources that support it, or marked as having none. An answer most of whose
+claims rest on nothing is followed by the passage of the sources that best covers
+the question (`Answer.fallback`).
+
+Over 300 lines because the release loop and what it waits on (`_Pending`, the
+speculative start) are one piece of logic about what may be shown when.
 """
 
 from __future__ import annotations

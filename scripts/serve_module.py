@@ -186,6 +186,34 @@ KV_VALUES_PER_TOKEN = {
 }
 
 
+def cpu_threads(cores: int | None = None) -> dict[str, int]:
+    """OpenMP threads per CPU engine (RAG_ENGINE_THREADS sets one number for all).
+
+    Half the cores each for chat, guard and score, so that the answer's stages that run
+    at once (the chat beside the reranker, the output guard beside the chat's next
+    sentence) take a core each instead of fighting over both; embed, which indexing
+    runs alone, all of them. Measured on 2 cores (EPYC, avx512_bf16), `rag ask`'s first
+    shown word, p50 over the dev set: 1.79 s with the chat beside a 1-thread reranker,
+    2.27 s one stage after another at 2 threads each, 3.12 s beside a 2-thread reranker
+    (each slowed the other: rerank 0.64 -> 1.81 s). Chat decodes 64 tokens in 3.44 s
+    with 1 thread against 3.80 s with 2; score ranks 8 documents in 1.39 s with 1
+    against 1.25 s with 2."""
+    cores = cores or len(os.sched_getaffinity(0))
+    given = os.environ.get("RAG_ENGINE_THREADS")
+    half = max(1, cores // 2)
+    out = {"chat": half, "guard": half, "score": half, "embed": cores}
+    return {role: int(given) if given else n for role, n in out.items()}
+
+
+def overlap_stages(profile: str) -> bool:
+    """Whether a client may run the chat beside the reranker (rag/pipeline.py): on a GPU,
+    yes; on CPU when their threads fit the cores together (cpu_threads)."""
+    if profile != "cpu":
+        return True
+    t = cpu_threads()
+    return t["chat"] + t["score"] <= len(os.sched_getaffinity(0))
+
+
 def _cpu_configs() -> dict[str, LLMConfig]:
     model_set = cpu_model_set()
     folders = {role: str(default_models_dir() / name) for role, name in CPU_MODEL_SETS[model_set].items()}
@@ -226,16 +254,10 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         # staying in malloc's heap after loading (0.36 GiB per Qwen engine, measured).
         "MALLOC_MMAP_THRESHOLD_": str(4 * MiB),
     }
-    # OpenMP threads per engine (RAG_ENGINE_THREADS overrides). Pooling engines (guard,
-    # score, embed) only prefill, which scales with cores; chat decodes, which does not,
-    # and shares the cores with them. Measured on 2 cores: score 8 documents in 1.25 s
-    # with 2 threads against 1.39 s with 1 (bf16), the dev-set eval 116 s against 165 s
-    # (float32); chat 64 tokens in 3.44 s with 1 thread against 3.80 s with 2 (bf16).
-    cores = len(os.sched_getaffinity(0))
+    threads = cpu_threads()
 
-    def runtime_env(threads: int) -> dict[str, Any]:
-        omp = os.environ.get("RAG_ENGINE_THREADS") or str(max(1, threads))
-        return {"env_vars": env | {"OMP_NUM_THREADS": omp}}
+    def runtime_env(role: str) -> dict[str, Any]:
+        return {"env_vars": env | {"OMP_NUM_THREADS": str(threads[role])}}
 
     chat = LLMConfig(
         model_loading_config={"model_id": "chat", "model_source": folders["chat"]},
@@ -243,7 +265,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(batch=64, retry_after_s=5),
         placement_group_config=placement(),
         callback_config=local,
-        runtime_env=runtime_env(cores // 2),
+        runtime_env=runtime_env("chat"),
         # Each token on its own: on CPU a stream gets one every 50-250 ms, so Ray's default
         # 50 ms batching merged nothing, delayed the first token by up to 50 ms and woke
         # every open stream 20 times a second (issue 18, `rag bench --systems ours,bare`).
@@ -263,7 +285,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(batch=32, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
-        runtime_env=runtime_env(cores),
+        runtime_env=runtime_env("guard"),
         engine_kwargs=common
         | {
             "runner": "pooling",
@@ -281,7 +303,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(batch=64, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
-        runtime_env=runtime_env(cores),
+        runtime_env=runtime_env("embed"),
         engine_kwargs=common
         | {
             "runner": "pooling",
@@ -297,7 +319,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         deployment_config=_deployment(batch=32, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
-        runtime_env=runtime_env(cores),
+        runtime_env=runtime_env("score"),
         engine_kwargs=common
         | {
             "runner": "pooling",
@@ -341,9 +363,11 @@ def build_app() -> Application:
     # engines through their handles.
     settings = Settings.from_env()
     rag = dataclasses.replace(settings, api_key="", index_dir=settings.index_dir.resolve())
+    facts = role_facts(PROFILE)
+    facts["chat"]["overlap_stages"] = overlap_stages(PROFILE)
     return build_ingress(
         CONFIGS,
-        role_facts(PROFILE),
+        facts,
         key_digests=tuple(digest(k) for k in keys_from_env()),
         metrics_port=metrics_port,
         rag=rag,

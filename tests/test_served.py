@@ -27,8 +27,9 @@ def server(facts: dict[str, dict[str, object]], seen: list[str] | None = None) -
     return httpx.MockTransport(handle)
 
 
-GPU = ROLE_FACTS["gpu"]  # what each profile's server says of its models
-CPU = ROLE_FACTS["cpu"]
+# What each profile's server says of its models (the serve module adds overlap_stages).
+GPU = {**ROLE_FACTS["gpu"], "chat": {**ROLE_FACTS["gpu"]["chat"], "overlap_stages": True}}
+CPU = ROLE_FACTS["cpu"]  # an older server: no overlap_stages
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def test_a_gpu_stack_is_read_as_one_from_a_machine_without_a_gpu(unset: Settings
 def test_a_cpu_stack_gets_the_classifier_guard_and_the_rerank_floor(unset: Settings) -> None:
     with StackClient(unset, transport=server(CPU)) as client:
         s = resolve(unset, client)
-    assert (s.guard_format, s.rerank_mode, s.overlap) == ("score", "floor", False)  # engines share cores
+    assert (s.guard_format, s.rerank_mode, s.overlap) == ("score", "floor", False)  # unsaid: one at a time
 
 
 def test_env_vars_still_override_without_asking(unset: Settings) -> None:

@@ -108,3 +108,22 @@ def test_every_engine_has_a_bounded_queue_sized_from_its_batch_and_chat_has_tool
     assert chat["tool_call_parser"] == {"cpu": "hermes_json", "gpu": "hermes"}[profile]
     facts = profiles.role_facts(profile)
     assert facts["guard"]["guard_format"] == {"cpu": "score", "gpu": "qwen3guard"}[profile]
+
+
+@pytest.mark.parametrize(
+    ("cores", "given", "chat", "score", "overlap"),
+    [(2, "", 1, 1, True), (8, "", 4, 4, True), (2, "2", 2, 2, False), (1, "", 1, 1, False)],
+)
+def test_cpu_engines_get_half_the_cores_so_chat_and_reranker_may_overlap_when_they_fit(
+    monkeypatch: pytest.MonkeyPatch, cores: int, given: str, chat: int, score: int, overlap: bool
+) -> None:
+    module = _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_ENGINE_THREADS=given)
+    monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    threads = module.cpu_threads()
+    assert (threads["chat"], threads["score"], threads["guard"]) == (chat, score, score)
+    assert threads["embed"] == (int(given) if given else cores)  # indexing runs it alone
+    assert module.overlap_stages("cpu") is overlap and module.overlap_stages("gpu") is True
+    envs = {
+        role: cfg.runtime_env["env_vars"]["OMP_NUM_THREADS"] for role, cfg in module.configs("cpu").items()
+    }
+    assert envs == {role: str(n) for role, n in threads.items()}

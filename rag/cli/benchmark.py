@@ -173,9 +173,11 @@ def bench(
                     json.loads(line)["question"] for line in Path("eval/dev.jsonl").read_text().splitlines()
                 ]
                 with ask_pipeline(url, Path("corpus"), work) as pipe:
-                    report["extras"]["ask"] = ask_latency(pipe, qs[:8], [1, 8])
+                    # First, while no question has been asked: a repeated one would find its
+                    # prompts in the engines' prefix caches and come back sooner.
                     err(f"ours: rag ask's first shown word over {len(qs)} dev questions")
                     report["extras"]["first_shown"] = first_shown(pipe, qs)
+                    report["extras"]["ask"] = ask_latency(pipe, qs[:8], [1, 8])
                 err("ours: overload, 10x the chat engine's batch at once")
                 report["extras"]["overload"] = overload(url, s.chat_model)
                 err("query overhead on a synthetic index of 100k chunks")

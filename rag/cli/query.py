@@ -64,16 +64,25 @@ def search(
         click.echo(f"{i:>2} {' '.join(cols)}  {where}")
 
 
-def _stream_out(text: str) -> None:
-    click.echo(text, nl=False)
-    sys.stdout.flush()
+class _Streamed:
+    """Prints the answer as it is released, and remembers whether anything was printed."""
+
+    def __init__(self) -> None:
+        self.any = False
+
+    def __call__(self, text: str) -> None:
+        click.echo(text, nl=False)
+        sys.stdout.flush()
+        self.any = self.any or bool(text)
 
 
 REFUSED = 3  # exit code of a guard refusal: neither success nor an error
 
 
-def _print_answer_tail(a: Answer) -> None:
+def _print_answer_tail(a: Answer, out: _Streamed) -> None:
     if a.blocked:
+        if out.any:  # the answer's first words were shown before the guard stopped it
+            click.echo()
         click.echo(a.refusal())
         return
     click.echo()
@@ -102,7 +111,8 @@ def ask(
 ) -> None:
     """Answer QUESTION from the index, each sentence with the sources that back it.
 
-    The guard checks the question first and the answer before it is shown;
+    The guard checks the question first and the answer before it is shown
+    (the first words as soon as there are four, then sentence by sentence);
     a refusal names the stage and exits with code 3. Every sentence then
     carries the sources whose text supports it ([1], [2, 3]) or `[no source]`;
     when most of an answer has no support, the passage of the sources that best
@@ -121,8 +131,9 @@ def ask(
             a = pipe.ask(question)
             click.echo(json.dumps(answer_json(a), indent=2))
         else:
-            a = pipe.ask(question, on_text=_stream_out)
-            _print_answer_tail(a)
+            out = _Streamed()
+            a = pipe.ask(question, on_text=out)
+            _print_answer_tail(a, out)
     if a.blocked:
         sys.exit(REFUSED)
 
@@ -153,7 +164,8 @@ def chat(base_url: str | None, api_key: str | None, index_dir: Path | None, mode
             question = question.strip()
             if not question or question in ("/quit", "/exit"):
                 break
-            a = pipe.ask(question, history=history, on_text=_stream_out)
-            _print_answer_tail(a)
+            out = _Streamed()
+            a = pipe.ask(question, history=history, on_text=out)
+            _print_answer_tail(a, out)
             if not a.blocked and a.covered:
                 history += [{"role": "user", "content": question}, {"role": "assistant", "content": a.text}]

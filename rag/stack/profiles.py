@@ -74,19 +74,17 @@ GUARD_HEADED = frozenset({"qwen2.5-coder-0.5b-guard"})
 # model's metadata["rag"] (the ingress adds the request limits): the `rag` client reads
 # the guard's reply format and the reranker's kind from there, so it works the same
 # against a stack on another machine.
-# overlap_stages: whether a client may run the input guard beside retrieval and the chat
-# beside the reranker. Not on CPU: every engine's threads share the same cores, and
-# overlapped (2 cores, EPYC avx512_bf16) the reranker took 1.81 s instead of 0.64 s and
-# the chat's first token 0.58 s instead of 0.32 s, so nothing came sooner.
+# The serve module adds chat's `overlap_stages` (may a client run the chat beside the
+# reranker?), which on CPU follows from the engines' threads (serve_module.cpu_threads).
 ROLE_FACTS: dict[str, dict[str, dict[str, Any]]] = {
     "gpu": {
-        "chat": {"tools": "hermes", "overlap_stages": True},
+        "chat": {"tools": "hermes"},
         "guard": {"guard_format": "qwen3guard"},  # Qwen3Guard-Gen answers through chat
         "embed": {},
         "score": {"reranker": "cross-encoder"},  # a trained reranker: its order is trusted
     },
     "cpu": {
-        "chat": {"tools": "hermes_json", "overlap_stages": False},
+        "chat": {"tools": "hermes_json"},
         "guard": {"guard_format": "score"},  # the chat LM as a P(unsafe) classifier on /v1/score
         "embed": {},
         "score": {"reranker": "yes-no-llm"},  # the chat LM asked yes/no: a relevance floor only
