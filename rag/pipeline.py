@@ -6,9 +6,10 @@ The answer streams, but no text reaches the caller before the guard has seen
 it: generated text is held back a sentence at a time and released once the
 guard has passed the answer so far; only the first sentence's first EARLY_WORDS
 words go out ahead of its end, guarded the same way, so the first word comes
-while the first sentence is still being written. Where the server's engines do
-not share cores (Settings.overlap), the input guard runs beside retrieval and the
-chat beside the reranker, and nothing is shown before both verdicts are in.
+while the first sentence is still being written. Where the server's chat and
+reranker fit its cores together (Settings.overlap), the input guard runs beside
+retrieval and the chat beside the reranker, and nothing is shown before both
+verdicts are in.
 
 Each released sentence is then attributed (rag/attribute.py): it goes out carrying
 the sources that support it, or marked as having none. An answer most of whose
@@ -254,10 +255,11 @@ class Pipeline:
         then); either may raise to stop the answer (a client that went away)."""
         ans = Answer(question)
         overlap = bool(self._settled().overlap)
-        # Where the server's engines do not share cores (`overlap`, rag/served.py), the
-        # input guard runs beside retrieval and, in floor mode, the reranker beside
-        # generation; nothing is shown before the verdicts it depends on are in. On CPU
-        # each stage waits for the one before: overlapped, they slowed each other down.
+        # Where the server's chat and reranker fit its cores together (`overlap`,
+        # rag/served.py), the input guard runs beside retrieval and, in floor mode, the
+        # reranker beside generation; nothing is shown before the verdicts it depends on
+        # are in. Otherwise each stage waits for the one before: sharing cores, they
+        # only slowed each other down.
         pending = _Pending(_background(ans.timings, "guard_in", self.guard, question))
         if not overlap and not pending.admitted(ans):
             return ans

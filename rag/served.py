@@ -83,7 +83,7 @@ def resolve(settings: Settings, client: FactsClient) -> Settings:
             )
         rerank_mode = mode
     overlap = settings.overlap
-    if overlap is None:  # a server that does not say: one stage at a time, as on CPU
+    if overlap is None:  # a server that does not say: one stage at a time
         overlap = facts.get(settings.chat_model, {}).get("overlap_stages") is True
     return dataclasses.replace(settings, guard_format=guard_format, rerank_mode=rerank_mode, overlap=overlap)
 

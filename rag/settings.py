@@ -55,7 +55,7 @@ class Settings:
     max_tokens: int
     support_threshold: float  # attribution: support at or above which a source backs a sentence
     # Run the input guard beside retrieval and the chat beside the reranker; None: as the
-    # server says its engines allow (rag/served.py: not on CPU, where they share cores).
+    # server says (`overlap_stages`: whether its chat and reranker fit the cores together).
     overlap: bool | None = None
 
     def guard_threshold(self, stage: str) -> float:

@@ -50,16 +50,16 @@ OFFLINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-# What every streamed token costs on its way through Serve, cut (issue 18; each measured
-# with `rag bench --systems ours,bare`, see README "Benchmark"). Set before Ray starts,
-# so the controller, the proxy and every replica read them: user code on the replica's
-# own event loop (no hop between two loops per chunk), the router in it too, access
-# logs written 1,000 lines at a time rather than one, no prompt of every request in the
-# replica's log (a privacy leak as well as a cost).
+# What a request and each streamed token cost on their way through Serve, cut (issue 18,
+# `rag bench --systems ours,bare`, README "Benchmark"). Set before Ray starts, so the
+# controller, the proxy and every replica read them: user code on the replica's own
+# event loop (no hop between two loops per chunk), the router in it too, access logs
+# written 1,000 lines at a time and not copied to stderr, gRPC between proxy and
+# replicas, no prompt of every request in the replica's log (a privacy leak as well).
 SERVE_ENV = {
     # Ray starts each worker (every replica, every engine) at nice 15, below its own
-    # daemons and any client on the machine: on 2 cores a busy client took the engine's
-    # core and bare vLLM, at nice 0, won by up to 19 % at 16 streams.
+    # daemons and any client on the machine, where bare vLLM runs at 0: on 2 cores an
+    # engine would yield its core to whatever else is busy.
     "RAY_worker_niceness": "0",
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
