@@ -1,8 +1,9 @@
 """The query path's overlapped stages hold back what they must (rag/pipeline.py).
 
-Where the server allows it (overlap, a GPU), the input guard runs beside retrieval and,
-in floor mode, the reranker beside generation; on CPU each stage waits for the one
-before. Either way the first words of an answer are shown before its first sentence ends.
+Where the server allows it (overlap: its chat and reranker fit the cores together), the
+input guard runs beside retrieval and, in floor mode, the reranker beside generation;
+otherwise each stage waits for the one before. Either way the first words of an answer
+are shown before its first sentence ends.
 Whether a verdict arrives before or after the chat's first sentence is a matter of
 timing a real stack cannot be made to produce on demand, so these engines are fakes
 whose delays decide it; tests/test_rag_e2e.py runs the same path on the real stack.
@@ -143,7 +144,7 @@ def test_when_no_source_passes_the_floor_it_says_so_and_generates_nothing_shown(
     assert engines.events.count("chat") == 1  # only the guess, never shown
 
 
-def test_on_cpu_each_stage_waits_for_the_one_before_and_the_first_words_still_come_early(
+def test_without_overlap_each_stage_waits_for_the_one_before_and_the_first_words_still_come_early(
     index_dir: Path,
 ) -> None:
     engines = Engines(guard_s=0.1, score_s=0.1, scores=(0.9, 0.1, 0.9))
