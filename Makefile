@@ -4,7 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 LOCK   := requirements/cpu.lock
 STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# One variable per line: `export A=1 B=1` would set A to "1 B=1" and export nothing else.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_USAGE_STATS_ENABLED := 0
+export VLLM_NO_USAGE_STATS := 1
+export DO_NOT_TRACK := 1
 
 .PHONY: help install models browser run serve check test test-fast eval eval-git lint fmt lock clean
 help:  ## list targets

@@ -58,10 +58,11 @@ def bare_command(cfg: Any, port: int) -> tuple[list[str], dict[str, str]]:
     env_vars = dict((cfg.runtime_env or {}).get("env_vars") or {})
     for key, value in engine.items():
         cmd += _flag(key, value)
+    from rag.stack.serve import OFFLINE_ENV
+
     env = dict(os.environ)
     env.update({k: str(v) for k, v in env_vars.items() if k.startswith(_ENGINE_ENV_PREFIXES)})
-    env.setdefault("VLLM_NO_USAGE_STATS", "1")
-    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.update(OFFLINE_ENV)  # no hub, no telemetry: as every process of the stack
     return cmd, env
 
 
