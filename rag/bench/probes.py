@@ -143,8 +143,8 @@ def ask_latency(
 def first_shown(pipe: Pipeline, questions: Sequence[str]) -> dict[str, Any]:
     """Seconds from `rag ask`'s start to its first shown word, one question at a time.
 
-    Shown is what `rag ask` prints: the first released (guard-passed) sentence; for a
-    refusal or an answer the sources do not cover, the whole (one-line) reply. One
+    Shown is what `rag ask` prints first: the first guard-passed text (the first
+    sentence's first words); for a refusal, the whole one-line reply. One
     untimed question not among them first, so no engine's first call is counted and no
     timed question finds its prompts in a prefix cache."""
     pipe.ask(WARM_UP_QUESTION)

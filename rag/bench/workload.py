@@ -158,8 +158,8 @@ def run_sweep(
 ) -> list[LevelResult]:
     """Every level with max(waves x level, min_requests) requests of the seeded workload,
     after one warm-up. One wave's throughput hangs on the order its prompts reach the
-    engine's scheduler (seen: 60 against 70 tok/s for the same 16 prompts); several
-    average that out."""
+    engine's scheduler (seen: 16 prompts gave the stack 60 tok/s in every one-wave run
+    and bare vLLM 70, 16 others 70 and 68); several waves average that out."""
     asyncio.run(_level(base_url, model, workload(2, seed + 999), 2, max_tokens))  # warm-up, not counted
     out = []
     for c in levels:
