@@ -22,9 +22,10 @@ speculative start) are one piece of logic about what may be shown when.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -109,20 +110,29 @@ class Answer:
 # The first sentence's first words are shown once this many have been generated (and
 # guarded) rather than when the sentence ends: on CPU a sentence takes 1-3 s to generate.
 EARLY_WORDS = 4
-_STAGES = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rag-stage")  # shared by all answers
 
 
 def _background(timings: dict[str, float], stage: str, fn: Callable[..., T], *args: Any) -> Future[T]:
-    """fn(*args) on a stage thread, its seconds recorded under `stage` when it ends."""
+    """fn(*args) on a thread of its own, its seconds recorded under `stage` when it ends.
 
-    def run() -> T:
+    A daemon thread, not a pool's: a call an answer no longer waits for (the reranker
+    after the guard refused) must not keep the process from exiting while it waits out
+    an engine's read timeout, as a ThreadPoolExecutor's workers would at interpreter exit."""
+    future: Future[T] = Future()
+
+    def run() -> None:
         start = time.monotonic()
         try:
-            return fn(*args)
-        finally:
+            result = fn(*args)
+        except BaseException as exc:  # handed to whoever waits on the future
             timings[stage] = timings.get(stage, 0.0) + time.monotonic() - start
+            future.set_exception(exc)
+            return
+        timings[stage] = timings.get(stage, 0.0) + time.monotonic() - start  # before it is seen
+        future.set_result(result)
 
-    return _STAGES.submit(run)
+    threading.Thread(target=run, name=f"rag-{stage}", daemon=True).start()
+    return future
 
 
 @dataclass
