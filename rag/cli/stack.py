@@ -78,20 +78,12 @@ def _warm(model_set: str, models_dir: Path) -> None:
         return
     # The set and folder just prepared, whatever the environment says.
     chosen = {CPU_MODELS_ENV: model_set, "RAG_MODELS_DIR": str(models_dir)}
-    before = {name: os.environ.get(name) for name in chosen}
-    os.environ.update(chosen)
     try:
+        configs = load_configs(load_deploy(deploy).module_path, "cpu", env=chosen)
         with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout; stdout is the folder list
-            configs = load_configs(load_deploy(deploy).module_path, "cpu")
             warm_model_info(configs, done, err)
     except Exception as exc:  # the weights are ready; the boot inspects what this could not
         err(f"note: vLLM's model inspection not cached ({type(exc).__name__}: {exc}); the first boot does it")
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @main.command(context_settings=CONTEXT)

@@ -192,14 +192,14 @@ def _env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _import(module_path: Path, profile: str) -> ModuleType:
+def _import(module_path: Path, profile: str, env: Mapping[str, str] | None = None) -> ModuleType:
     name = f"_rag_check_{module_path.stem}"
     spec = importlib.util.spec_from_file_location(name, module_path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import {module_path}")
     module = importlib.util.module_from_spec(spec)
     # vLLM logs to stdout when first imported; stdout is for the report (--json).
-    with _env(RAG_PROFILE=profile), contextlib.redirect_stdout(sys.stderr):
+    with _env(**(env or {}), RAG_PROFILE=profile), contextlib.redirect_stdout(sys.stderr):
         try:
             spec.loader.exec_module(module)
         except Exception as exc:  # the user's module: any failure is a finding
@@ -219,9 +219,10 @@ def _llm_configs(module: ModuleType) -> dict[str, Any]:
     return configs
 
 
-def load_configs(module_path: Path, profile: str) -> dict[str, Any]:
-    """The serve module's LLMConfigs by role, as `profile` builds them (starts nothing)."""
-    return _llm_configs(_import(module_path, profile))
+def load_configs(module_path: Path, profile: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The serve module's LLMConfigs by role, as `profile` builds them (starts nothing),
+    with `env` set while the module is imported."""
+    return _llm_configs(_import(module_path, profile, env))
 
 
 def _check_config(report: Report, role: str, cfg: Any) -> None:
