@@ -162,7 +162,8 @@ def release_point(text: str, after: int) -> int:
 def early_point(text: str, words: int) -> int:
     """Where the start of an unfinished first sentence may be shown early: just past its
     first `words` words once another has begun, while nothing in them can change as the
-    sentence is rendered (a marker, code, a line break); 0 if not yet or never.
+    sentence is rendered (a marker, a code block or an unclosed code span, a line
+    break); 0 if not yet or never. A closed `inline code` span is kept as it is.
 
     What is shown early is then a prefix of the sentence as `render` shows it."""
     lead = len(text) - len(text.lstrip())
@@ -171,7 +172,8 @@ def early_point(text: str, words: int) -> int:
         return 0
     point = lead + ends[words - 1]
     head = text[:point]
-    if "[" in head or "`" in head or "\n" in head.strip() or _boundaries(text[: point + 1]):
+    code = _FENCE in head or head.count("`") % 2 == 1
+    if "[" in head or code or "\n" in head.strip() or _boundaries(text[: point + 1]):
         return 0
     return point
 

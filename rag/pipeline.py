@@ -6,10 +6,11 @@ The answer streams, but no text reaches the caller before the guard has seen
 it: generated text is held back a sentence at a time and released once the
 guard has passed the answer so far; only the first sentence's first EARLY_WORDS
 words go out ahead of its end, guarded the same way, so the first word comes
-while the first sentence is still being written. Where the server's chat and
-reranker fit its cores together (Settings.overlap), the input guard runs beside
-retrieval and the chat beside the reranker, and nothing is shown before both
-verdicts are in.
+while the first sentence is still being written. The input guard runs beside
+retrieval and generation, and in floor mode, where the server's chat and reranker
+fit its cores together (Settings.overlap), so does the reranker; nothing is shown
+before the verdicts are in. In mode `off` (the CPU reranker, whose scores tell
+nothing: rag/served.py) the reranker is not called.
 
 Each released sentence is then attributed (rag/attribute.py): it goes out carrying
 the sources that support it, or marked as having none. An answer most of whose
@@ -265,28 +266,26 @@ class Pipeline:
         then); either may raise to stop the answer (a client that went away)."""
         ans = Answer(question)
         overlap = bool(self._settled().overlap)
-        # Where the server's chat and reranker fit its cores together (`overlap`,
-        # rag/served.py), the input guard runs beside retrieval and, in floor mode, the
-        # reranker beside generation; nothing is shown before the verdicts it depends on
-        # are in. Otherwise each stage waits for the one before: sharing cores, they
-        # only slowed each other down.
+        # The input guard (0.1 s on CPU) runs beside retrieval and generation; nothing is
+        # shown before its verdict. The reranker runs beside the chat only where the
+        # server's chat and reranker fit its cores together (`overlap`, rag/served.py):
+        # sharing cores, they only slowed each other down.
         pending = _Pending(_background(ans.timings, "guard_in", self.guard, question))
-        if not overlap and not pending.admitted(ans):
-            return ans
         # A follow-up ("and what does it print?") means little alone: retrieve with the
         # previous question too. The model still sees the whole conversation.
         previous = [m["content"] for m in history if m.get("role") == "user"][-1:]
         query = " ".join([*previous, question])
         hits = self.search(query, rerank=False, timings=ans.timings)
         mode = self.s.rerank_mode
-        n = scored_count(mode, self.s.rerank_n, self.s.sources) if hits else 0
+        # Mode `off`: the reranker's scores could change nothing, so it is not called.
+        n = scored_count(mode, self.s.rerank_n, self.s.sources) if hits and mode != "off" else 0
         if n:
             pending.scored = _background(ans.timings, "rerank", self.rerank, query, hits[:n])
         pending.rest = hits[n:]
-        if overlap and mode == "floor" and n:
-            # The scores only gate the floor here: generate from the top candidates while
-            # they are scored, and start again only if one of them falls below it.
-            if self._answer(ans, hits[: min(n, self.s.sources)], history, on_text, on_sentences, pending):
+        if hits and (mode == "off" or (overlap and mode == "floor")):
+            # The retrieval order stands: generate from the top candidates while the
+            # verdicts come in, and start again only if the floor drops one of them.
+            if self._answer(ans, hits[: self.s.sources], history, on_text, on_sentences, pending):
                 return ans
             ans.timings.pop("chat_first_token", None)
         if pending.settle(ans):
@@ -294,7 +293,10 @@ class Pipeline:
         return ans
 
     def _good(self, hits: Sequence[Hit]) -> list[Hit]:
-        """The candidates above the relevance floor that may become sources."""
+        """The candidates above the relevance floor that may become sources (in mode `off`
+        there is no floor: the top ones)."""
+        if self.s.rerank_mode == "off":
+            return list(hits[: self.s.sources])
         good = [h for h in hits if (h.rerank if h.rerank is not None else h.score) >= self.s.min_score]
         return good[: self.s.sources]
 

@@ -4,9 +4,13 @@ How much the reranker's scores are trusted depends on what it is (the server say
 rag/served.py; RAG_RERANK_MODE overrides):
 - `order`: by the rerank score (a trained cross-encoder);
 - `blend`: by reciprocal-rank fusion of the retrieval and rerank orders;
-- `floor`: the retrieval order kept, the scores only gate the relevance floor (an LLM
-  asked yes/no, which ranks worse than fused retrieval on the dev set). Since then only
-  the candidates that can become sources matter, only they are scored.
+- `floor`: the retrieval order kept, the scores only gate the relevance floor. Since then
+  only the candidates that can become sources matter, only they are scored;
+- `off`: the retrieval order kept and no floor: an answer never calls the reranker, and
+  `rag search` and `rag eval` still show its scores of the would-be sources. The CPU
+  profile's reranker (its chat LM asked yes/no) gets this: it ranks worse than fused
+  retrieval, and its scores do not tell a relevant passage from an irrelevant one
+  (rag/served.py), so scoring them cost every answer a core for 1.4-1.6 s for nothing.
 """
 
 from __future__ import annotations
@@ -18,14 +22,15 @@ from rag.retrieve import Hit, rrf
 
 __all__ = ["RERANK_MODES", "rerank", "scored_count"]
 
-RERANK_MODES = ("order", "blend", "floor")
+RERANK_MODES = ("order", "blend", "floor", "off")
 
 Scorer = Callable[[str, list[str]], list[float]]  # (query, documents) -> one score each
 
 
 def scored_count(mode: str, rerank_n: int, sources: int) -> int:
-    """How many of the top candidates go through the reranker in `mode`."""
-    return sources if mode == "floor" else rerank_n
+    """How many of the top candidates go through the reranker in `mode` when asked to
+    (an answer in mode `off` asks for none: rag/pipeline.py)."""
+    return sources if mode in ("floor", "off") else rerank_n
 
 
 def rerank(score: Scorer, query: str, hits: Sequence[Hit], mode: str) -> list[Hit]:
@@ -34,7 +39,7 @@ def rerank(score: Scorer, query: str, hits: Sequence[Hit], mode: str) -> list[Hi
         raise ValueError(f"unknown rerank mode {mode!r}; choose one of {', '.join(RERANK_MODES)}")
     scores = score(query, [h.chunk.embed_text for h in hits])
     scored = [replace(h, rerank=s) for h, s in zip(hits, scores, strict=True)]  # retrieval order
-    if mode == "floor":
+    if mode in ("floor", "off"):
         return scored
     by_rerank = sorted(
         (replace(h, score=s) for h, s in zip(scored, scores, strict=True)), key=lambda h: -h.score

@@ -43,7 +43,7 @@ class Settings:
     retrieval: str  # dense | lexical | fused
     top_k: int  # candidates retrieved
     rerank_n: int  # of those, how many go through /v1/score
-    rerank_mode: str  # order | blend | floor, or "" (the server's reranker decides)
+    rerank_mode: str  # order | blend | floor | off, or "" (the server's reranker decides)
     sources: int  # of those, how many the answer may cite
     min_score: float  # rerank floor: below it the corpus "does not cover" the question
     guard_format: str  # score (CPU) | qwen3guard (GPU), or "" (the server says)
@@ -54,8 +54,8 @@ class Settings:
     guard_strict: bool  # qwen3guard: block "Controversial" too
     max_tokens: int
     support_threshold: float  # attribution: support at or above which a source backs a sentence
-    # Run the input guard beside retrieval and the chat beside the reranker; None: as the
-    # server says (`overlap_stages`: whether its chat and reranker fit the cores together).
+    # In floor mode, run the chat beside the reranker; None: as the server says
+    # (`overlap_stages`: whether its chat and reranker fit the cores together).
     overlap: bool | None = None
 
     def guard_threshold(self, stage: str) -> float:
@@ -82,8 +82,8 @@ class Settings:
             top_k=_int("RAG_TOP_K", 20),
             rerank_n=_int("RAG_RERANK_N", 8),
             # Empty: ask the server what its reranker is (rag/served.py). A trained one
-            # orders the candidates; the CPU one (a 0.5B chat model asked yes/no) ranks worse
-            # than fused retrieval on the dev set, so its scores only gate the relevance floor.
+            # orders the candidates; the CPU one (a 0.5B chat model asked yes/no) neither
+            # ranks nor separates relevant passages, so an answer does not call it (`off`).
             rerank_mode=os.environ.get("RAG_RERANK_MODE", "").strip(),
             sources=_int("RAG_SOURCES", 3),
             min_score=_float("RAG_MIN_SCORE", 0.05),

@@ -189,25 +189,29 @@ KV_VALUES_PER_TOKEN = {
 def cpu_threads(cores: int | None = None) -> dict[str, int]:
     """OpenMP threads per CPU engine (RAG_ENGINE_THREADS sets one number for all).
 
-    Half the cores each for chat, guard and score, so that the answer's stages that run
-    at once (the chat beside the reranker, the output guard beside the chat's next
-    sentence) take a core each instead of fighting over both; embed, which indexing
-    runs alone, all of them. Measured on 2 cores (EPYC, avx512_bf16), `rag ask`'s first
-    shown word, p50 over the dev set: 1.79 s with the chat beside a 1-thread reranker,
-    2.27 s one stage after another at 2 threads each, 3.12 s beside a 2-thread reranker
-    (each slowed the other: rerank 0.64 -> 1.81 s). Chat decodes 64 tokens in 3.44 s
-    with 1 thread against 3.80 s with 2; score ranks 8 documents in 1.39 s with 1
-    against 1.25 s with 2."""
+    The chat and embed all the cores, guard and score half each. An answer on CPU runs
+    the chat's prefill alone (the reranker is not called: rag/served.py), beside only
+    the 0.1 s input guard, and the prefill of ~550 new prompt tokens is what the first
+    shown word waits for; indexing runs embed alone. Measured on 2 cores (EPYC,
+    avx512_bf16), `rag ask`'s first shown word, p50 over the 20 dev questions on a
+    fresh stack: 1.53 s with a 2-thread chat, 1.85 s with a 1-thread one (chat first
+    token 1.0 against 1.4 s); whole answers 2.20 against 2.66 s. Where the reranker is
+    called beside the chat (RAG_RERANK_MODE=floor) they would fight over the cores
+    (first word 3.12 s beside a 2-thread reranker against 1.79 s with a core each), so
+    the server then tells clients not to overlap them (overlap_stages). Score ranks 8
+    documents in 1.39 s with 1 thread against 1.25 s with 2."""
     cores = cores or len(os.sched_getaffinity(0))
     given = os.environ.get("RAG_ENGINE_THREADS")
     half = max(1, cores // 2)
-    out = {"chat": half, "guard": half, "score": half, "embed": cores}
+    out = {"chat": cores, "guard": half, "score": half, "embed": cores}
     return {role: int(given) if given else n for role, n in out.items()}
 
 
 def overlap_stages(profile: str) -> bool:
-    """Whether a client may run the chat beside the reranker (rag/pipeline.py): on a GPU,
-    yes; on CPU when their threads fit the cores together (cpu_threads)."""
+    """Whether a client may run the chat beside the reranker in floor mode
+    (rag/pipeline.py): on a GPU, yes; on CPU when their threads fit the cores together
+    (cpu_threads: with the default threads they never do, the chat taking every core, so
+    a CPU client that calls the reranker calls it first)."""
     if profile != "cpu":
         return True
     t = cpu_threads()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from rag.attribute import (
     UNSUPPORTED,
     Attributor,
     Sentence,
+    early_point,
     needs_fallback,
     release_point,
     render,
@@ -57,6 +59,27 @@ def test_sentences_keep_code_blocks_whole_and_move_markers_out() -> None:
 )
 def test_release_point_holds_what_may_still_change(text: str, released: str) -> None:
     assert text[: release_point(text, 0)] == released
+
+
+@pytest.mark.parametrize(
+    ("text", "early"),
+    [
+        ("The guard engine gets 0.40 of", "The guard engine gets "),
+        ("The guard engine", ""),  # not yet four words
+        ("Set `max_ongoing_requests` in every config", "Set `max_ongoing_requests` in every "),
+        ("Set `max_ongoing_requests in every config", ""),  # an open code span may still change
+        ("```sh\ngit add .\n", ""),  # a code block is shown whole
+        ("See [1] for the guard", ""),  # a marker moves when the sentence is rendered
+        ("It is 3. The guard said", ""),  # the first sentence has ended: released whole
+        ("Use this:\nthe guard says no", ""),  # a line break may start a list or a block
+    ],
+)
+def test_early_words_are_a_prefix_of_the_rendered_sentence(text: str, early: str) -> None:
+    point = early_point(text, 4)
+    assert text[:point] == early
+    if point:  # however the sentence ends and whatever source it gets
+        whole = split_sentences(text + " memory [2].")[0]
+        assert render(replace(whole, sources=(1,), support="supported")).startswith(early.rstrip())
 
 
 def test_render_puts_sources_before_the_stop_and_marks_the_unsupported() -> None:

@@ -1,9 +1,9 @@
 """The query path's overlapped stages hold back what they must (rag/pipeline.py).
 
-Where the server allows it (overlap: its chat and reranker fit the cores together), the
-input guard runs beside retrieval and, in floor mode, the reranker beside generation;
-otherwise each stage waits for the one before. Either way the first words of an answer
-are shown before its first sentence ends.
+The input guard runs beside retrieval and generation; in floor mode the reranker runs
+beside the chat where the server allows it (overlap: its chat and reranker fit the
+cores together), before it otherwise; in mode `off` it is not called. Either way the
+first words of an answer are shown before its first sentence ends.
 Whether a verdict arrives before or after the chat's first sentence is a matter of
 timing a real stack cannot be made to produce on demand, so these engines are fakes
 whose delays decide it; tests/test_rag_e2e.py runs the same path on the real stack.
@@ -89,9 +89,9 @@ def index_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _pipeline(index_dir: Path, engines: Engines, overlap: bool = True) -> Pipeline:
+def _pipeline(index_dir: Path, engines: Engines, overlap: bool = True, mode: str = "floor") -> Pipeline:
     s = dataclasses.replace(
-        Settings.from_env(), index_dir=index_dir, guard_format="score", rerank_mode="floor",
+        Settings.from_env(), index_dir=index_dir, guard_format="score", rerank_mode=mode,
         guard_input_threshold=0.5, guard_output_threshold=0.5, retrieval="dense", min_score=0.5,
         overlap=overlap,
     )  # fmt: skip
@@ -144,7 +144,7 @@ def test_when_no_source_passes_the_floor_it_says_so_and_generates_nothing_shown(
     assert engines.events.count("chat") == 1  # only the guess, never shown
 
 
-def test_without_overlap_each_stage_waits_for_the_one_before_and_the_first_words_still_come_early(
+def test_without_overlap_the_chat_waits_for_the_scores_and_the_first_words_still_come_early(
     index_dir: Path,
 ) -> None:
     engines = Engines(guard_s=0.1, score_s=0.1, scores=(0.9, 0.1, 0.9))
@@ -153,3 +153,28 @@ def test_without_overlap_each_stage_waits_for_the_one_before_and_the_first_words
     assert [s.path for s in a.sources] == ["doc0.md", "doc2.md"]
     assert shown[0] == "The exit code is " and engines.events[3] == f"guard_out:{EARLY_WORDS}"
     assert "".join(shown).strip() == a.text
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_in_mode_off_the_reranker_is_never_called_and_no_floor_drops_a_source(
+    index_dir: Path, overlap: bool
+) -> None:
+    engines = Engines(guard_s=0.3, scores=(0.1, 0.1, 0.1))  # would all fall below the floor
+    a, shown = _ask(_pipeline(index_dir, engines, overlap=overlap, mode="off"), engines)
+    assert "scored" not in engines.events and "rerank" not in a.timings
+    assert a.covered and [s.path for s in a.sources] == ["doc0.md", "doc1.md", "doc2.md"]
+    assert engines.events.count("chat") == 1
+    # With or without the reranker's overlap, the chat starts before the input verdict
+    # (nothing else would run beside it); nothing is shown before that verdict.
+    chat, verdict = engines.events.index("chat"), engines.events.index("guard_in")
+    assert chat < verdict
+    first = next(i for i, e in enumerate(engines.events) if e.startswith("shown:"))
+    assert verdict < first and engines.events[first - 1] == f"guard_out:{EARLY_WORDS}"
+    assert "".join(shown).strip() == a.text
+
+
+def test_in_mode_off_a_question_refused_late_shows_nothing(index_dir: Path) -> None:
+    engines = Engines(unsafe_input=True, guard_s=0.4)
+    a, shown = _ask(_pipeline(index_dir, engines, mode="off"), engines)
+    assert a.blocked == "input" and shown == [] and a.text == ""
+    assert engines.events.index("chat") < engines.events.index("guard_in")

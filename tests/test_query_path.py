@@ -64,7 +64,7 @@ def test_rrf_rewards_agreement_and_keeps_both_scores() -> None:
     assert (fused[0].dense, fused[0].lexical) == (0.8, 5.0)
 
 
-def test_rerank_modes_order_floor_and_blend() -> None:
+def test_rerank_modes_order_floor_blend_and_off() -> None:
     retrieved = [Hit(c, 1.0 - i / 10) for i, c in enumerate(CHUNKS)]  # c1, c2, c3
     given = {"c1": 0.2, "c2": 0.9, "c3": 0.5}
 
@@ -79,11 +79,11 @@ def test_rerank_modes_order_floor_and_blend() -> None:
     assert ids("floor") == ["c1", "c2", "c3"]
     assert ids("blend") == ["c2", "c1", "c3"]  # c2: 1/62 + 1/61 beats c1: 1/61 + 1/63
     assert [h.rerank for h in rerank(score, "q", retrieved, "floor")] == [0.2, 0.9, 0.5]
-    assert (scored_count("floor", rerank_n=8, sources=3), scored_count("order", rerank_n=8, sources=3)) == (
-        3,
-        8,
-    )
-    with pytest.raises(ValueError, match="order, blend, floor"):
+    assert ids("off") == ["c1", "c2", "c3"]  # scored when asked (rag search), never reordered
+    assert [h.rerank for h in rerank(score, "q", retrieved, "off")] == [0.2, 0.9, 0.5]
+    counts = [scored_count(m, rerank_n=8, sources=3) for m in ("floor", "off", "order", "blend")]
+    assert counts == [3, 3, 8, 8]
+    with pytest.raises(ValueError, match="order, blend, floor, off"):
         rerank(score, "q", retrieved, "best")
 
 

@@ -218,7 +218,7 @@ def test_each_rerank_mode_orders_the_real_rerankers_scores_as_it_says(
     pipe = _pipeline(indexed, rerank_mode=mode)
     retrieved = pipe.search(question, rerank=False)
     ranked = pipe.search(question)
-    n = pipe.s.sources if mode == "floor" else pipe.s.rerank_n
+    n = pipe.s.sources if mode in ("floor", "off") else pipe.s.rerank_n
     ids = [h.chunk.id for h in retrieved]
     head = ranked[:n]
     assert sorted(h.chunk.id for h in head) == sorted(ids[:n])  # the same candidates, rescored
@@ -229,7 +229,7 @@ def test_each_rerank_mode_orders_the_real_rerankers_scores_as_it_says(
     by_rerank = sorted(
         ids[:n], key=lambda cid: -float(rerank[cid] or 0.0)
     )  # stable: ties keep retrieval order
-    if mode == "floor":  # only gates the sources: the retrieval order stays
+    if mode in ("floor", "off"):  # gates the sources or nothing: the retrieval order stays
         assert [h.chunk.id for h in head] == ids[:n]
     elif mode == "order":
         assert [h.chunk.id for h in head] == by_rerank

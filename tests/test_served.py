@@ -49,7 +49,7 @@ def test_a_gpu_stack_is_read_as_one_from_a_machine_without_a_gpu(unset: Settings
 def test_a_cpu_stack_gets_the_classifier_guard_and_the_rerank_floor(unset: Settings) -> None:
     with StackClient(unset, transport=server(CPU)) as client:
         s = resolve(unset, client)
-    assert (s.guard_format, s.rerank_mode, s.overlap) == ("score", "floor", False)  # unsaid: one at a time
+    assert (s.guard_format, s.rerank_mode, s.overlap) == ("score", "off", False)  # unsaid: one at a time
 
 
 def test_env_vars_still_override_without_asking(unset: Settings) -> None:

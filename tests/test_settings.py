@@ -112,9 +112,9 @@ def test_every_engine_has_a_bounded_queue_sized_from_its_batch_and_chat_has_tool
 
 @pytest.mark.parametrize(
     ("cores", "given", "chat", "score", "overlap"),
-    [(2, "", 1, 1, True), (8, "", 4, 4, True), (2, "2", 2, 2, False), (1, "", 1, 1, False)],
+    [(2, "", 2, 1, False), (8, "", 8, 4, False), (2, "1", 1, 1, True), (1, "", 1, 1, False)],
 )
-def test_cpu_engines_get_half_the_cores_so_chat_and_reranker_may_overlap_when_they_fit(
+def test_cpu_chat_gets_every_core_and_overlaps_the_reranker_only_when_they_fit(
     monkeypatch: pytest.MonkeyPatch, cores: int, given: str, chat: int, score: int, overlap: bool
 ) -> None:
     module = _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_ENGINE_THREADS=given)
@@ -122,6 +122,7 @@ def test_cpu_engines_get_half_the_cores_so_chat_and_reranker_may_overlap_when_th
     threads = module.cpu_threads()
     assert (threads["chat"], threads["score"], threads["guard"]) == (chat, score, score)
     assert threads["embed"] == (int(given) if given else cores)  # indexing runs it alone
+    # An answer's prefill runs alone (the CPU reranker is not called): the chat takes all.
     assert module.overlap_stages("cpu") is overlap and module.overlap_stages("gpu") is True
     envs = {
         role: cfg.runtime_env["env_vars"]["OMP_NUM_THREADS"] for role, cfg in module.configs("cpu").items()

@@ -87,7 +87,7 @@ ROLE_FACTS: dict[str, dict[str, dict[str, Any]]] = {
         "chat": {"tools": "hermes_json"},
         "guard": {"guard_format": "score"},  # the chat LM as a P(unsafe) classifier on /v1/score
         "embed": {},
-        "score": {"reranker": "yes-no-llm"},  # the chat LM asked yes/no: a relevance floor only
+        "score": {"reranker": "yes-no-llm"},  # the chat LM asked yes/no: its scores unused (rag/served.py)
     },
 }
 
