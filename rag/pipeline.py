@@ -166,6 +166,15 @@ class _Pending:
         return True
 
 
+@dataclass(frozen=True)
+class _Hooks:
+    """Where an answer's released text goes (Pipeline.ask's callbacks)."""
+
+    text: Callable[[str], None]
+    sentences: Callable[[Answer, list[Sentence]], None]
+    early: Callable[[str], None]
+
+
 class _Clock:
     def __init__(self, timings: dict[str, float]) -> None:
         self.timings = timings
@@ -257,14 +266,18 @@ class Pipeline:
         history: Sequence[dict[str, str]] = (),
         on_text: Callable[[str], None] = lambda text: None,
         on_sentences: Callable[[Answer, list[Sentence]], None] = lambda answer, sentences: None,
+        on_early: Callable[[str], None] = lambda words: None,
     ) -> Answer:
         """Answer `question` from the index, guarded on both sides, citing numbered sources.
 
         Released text goes to `on_text` as shown (rendered with its [n] marks; the first
         sentence may come in two pieces, its first words early), and the same sentences,
         attributed, to `on_sentences` with the answer so far (its sources are set by
-        then); either may raise to stop the answer (a client that went away)."""
+        then); the first words shown early go to `on_early` too (a prefix of the first
+        sentence as rendered). Any of them may raise to stop the answer (a client that
+        went away)."""
         ans = Answer(question)
+        hooks = _Hooks(on_text, on_sentences, on_early)
         overlap = bool(self._settled().overlap)
         # The input guard (0.1 s on CPU) runs beside retrieval and generation; nothing is
         # shown before its verdict. The reranker runs beside the chat only where the
@@ -285,11 +298,11 @@ class Pipeline:
         if hits and (mode == "off" or (overlap and mode == "floor")):
             # The retrieval order stands: generate from the top candidates while the
             # verdicts come in, and start again only if the floor drops one of them.
-            if self._answer(ans, hits[: self.s.sources], history, on_text, on_sentences, pending):
+            if self._answer(ans, hits[: self.s.sources], history, hooks, pending):
                 return ans
             ans.timings.pop("chat_first_token", None)
         if pending.settle(ans):
-            self._answer(ans, self._good(ans.hits), history, on_text, on_sentences, None)
+            self._answer(ans, self._good(ans.hits), history, hooks, None)
         return ans
 
     def _good(self, hits: Sequence[Hit]) -> list[Hit]:
@@ -305,8 +318,7 @@ class Pipeline:
         ans: Answer,
         good: list[Hit],
         history: Sequence[dict[str, str]],
-        on_text: Callable[[str], None],
-        on_sentences: Callable[[Answer, list[Sentence]], None],
+        hooks: _Hooks,
         pending: _Pending | None,
     ) -> bool:
         """Generate from `good` and release it sentence by sentence, guarded and attributed.
@@ -322,6 +334,7 @@ class Pipeline:
                 return None
             return [h.row for h in self._good(ans.hits)] == [h.row for h in good]
 
+        on_text, on_sentences, on_early = hooks.text, hooks.sentences, hooks.early
         if not good:
             if pending is not None and settled() is None:
                 return True
@@ -356,6 +369,7 @@ class Pipeline:
                 if first_words:
                     early = generated[:first_words].lstrip()
                     on_text(early)
+                    on_early(early)
                     continue
                 self._attribute(ans, clock, attributor, generated[shown:end], on_text, on_sentences, early)
                 shown, early = end, ""

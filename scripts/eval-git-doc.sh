@@ -42,7 +42,9 @@ stop() {
   fi
 }
 trap 'stop' EXIT
-if ! curl -sf -o /dev/null "$URL/models"; then
+# Any HTTP reply means a stack is up: one behind an API key answers 401 here, and `rag`
+# then uses the key RAG_API_KEY / RAG_API_KEY_FILE name (or says it needs one).
+if [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/models")" = "000" ]; then
   port=${URL##*:}; port=${port%%/*}
   log=$(mktemp -t rag-serve.XXXXXX.log)
   echo "no stack at $URL: booting one (a few minutes on CPU; log $log)" >&2

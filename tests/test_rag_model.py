@@ -115,6 +115,22 @@ def test_each_sentence_span_and_citation_points_into_the_content_it_was_streamed
     )
 
 
+def test_early_words_stream_first_and_the_spans_still_point_into_the_content() -> None:
+    a, whole = _answer(), Transcript()
+    whole.add_sentences(a.sentences)
+    t = Transcript()
+    deltas = [t.add_early("Use --amend to replace "), t.add_sentences(a.sentences[:1])[0]]
+    deltas.append(t.add_sentences(a.sentences[1:])[0])
+    assert deltas[0] == "Use --amend to replace " and deltas[1] == "the tip of the branch [1]. "
+    assert t.content == "".join(deltas) == whole.content  # the same content as without them
+    assert t.sentences == whole.sentences and t.annotations(a.sources) == whole.annotations(a.sources)
+    assert t.add_early("late words") == ""  # only an answer's start goes early
+    with pytest.raises(AssertionError, match="not where the answer starts"):
+        odd = Transcript()
+        odd.add_early("Something else ")
+        odd.add_sentences(a.sentences)
+
+
 def test_the_completion_is_an_openai_chat_completion_with_the_sources_beside_it() -> None:
     a, t = _answer(), Transcript()
     t.add_sentences(a.sentences)

@@ -94,6 +94,13 @@ def test_streamed_each_sentence_arrives_with_its_sources_and_the_last_chunk_has_
     first = next(c for c in chunks if ((c.model_extra or {}).get("rag") or {}).get("sentences"))
     assert _rag(first)["sources"] == rag["sources"]  # sources come with the first words
     assert content.startswith(rag["sentences"][0]["text"][:20])
+    for x in rag["sentences"]:  # the spans point into the content as streamed, early words and all
+        assert content[x["start"] : x["end"]].startswith(x["text"].rstrip(".:")[:15])
+    early = [c for c in chunks if ((c.model_extra or {}).get("rag") or {}).get("early")]
+    # The first sentence's first words, sent before it ends (none if a marker or line break comes first).
+    if early:
+        assert len(early) == 1 and chunks.index(early[0]) < chunks.index(first)
+        assert content.startswith(early[0].choices[0].delta.content or "\0")
 
 
 def test_langchain_chat_openai_asks_the_documents(served: Stack) -> None:

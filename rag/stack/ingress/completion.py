@@ -51,22 +51,37 @@ class Transcript:
     def __init__(self) -> None:
         self.content = ""
         self.sentences: list[dict[str, Any]] = []
+        self._early = ""  # the first sentence's first words, sent before the sentence
+
+    def add_early(self, words: str) -> str:
+        """The first sentence's first words, sent ahead of it (Pipeline.ask's on_early, a
+        prefix of that sentence as rendered): the delta they make."""
+        if self.content:
+            return ""
+        self._early = self.content = words.lstrip()
+        return self.content
 
     def add_sentences(self, sentences: Sequence[Sentence]) -> tuple[str, list[dict[str, Any]]]:
-        """The delta the sentences make, and their JSON (text, span, sources, support)."""
-        delta, added = "", []
+        """The delta the sentences make (less the early words already sent), and their
+        JSON (text, span, sources, support)."""
+        text, added = "", list[dict[str, Any]]()
+        early, self._early = self._early, ""
+        base = len(self.content) - len(early)
         for x in sentences:
             shown = render(x)
-            if not self.content and not delta:  # the answer starts at its first word
+            if not self.sentences and not added:  # the answer starts at its first word
                 shown = shown.lstrip()
-            start = len(self.content) + len(delta)
-            delta += shown
+            start = base + len(text)
+            text += shown
             added.append(
                 {
                     "text": x.text, "start": start, "end": start + len(shown.rstrip()),
                     "sources": list(x.sources), "support": x.support, "sep": x.sep,
                 }
             )  # fmt: skip
+        if not text.startswith(early):  # cannot happen (rag/attribute.py early_point)
+            raise AssertionError(f"early words {early!r} are not where the answer starts: {text[:80]!r}")
+        delta = text[len(early) :]
         self.content += delta
         self.sentences += added
         return delta, added

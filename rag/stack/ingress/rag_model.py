@@ -259,12 +259,17 @@ class RagModel:
                 raise _Gone
             put("sentences", (answer, sentences))
 
+        def on_early(words: str) -> None:
+            if gone.is_set():
+                raise _Gone
+            put("early", words)
+
         def run() -> None:
             if gone.is_set():  # it waited for a worker, and its client left meanwhile
                 return
             try:
                 q, h = conversation.question, conversation.history
-                put("done", pipeline.ask(q, history=h, on_sentences=on_sentences))
+                put("done", pipeline.ask(q, history=h, on_sentences=on_sentences, on_early=on_early))
             except BaseException as exc:  # handed to the stream, which says it
                 put("error", exc)
 
@@ -275,6 +280,10 @@ class RagModel:
             yield _sse(chunk(request_id, created, {"role": "assistant", "content": ""}))
             while True:
                 kind, value = await events.get()
+                if kind == "early":  # the first words, guarded, before their sentence ends
+                    if delta := transcript.add_early(value):
+                        yield _sse(chunk(request_id, created, {"content": delta}, rag={"early": True}))
+                    continue
                 if kind == "sentences":
                     answer, sentences = value
                     delta, added = transcript.add_sentences(sentences)

@@ -30,6 +30,7 @@ class AssistantMessage {
     this.content = "";
     this.sentences = [];
     this.sources = new Map();
+    this.early = null; // the first words shown before their sentence ends
   }
 
   addSources(sources) {
@@ -37,7 +38,17 @@ class AssistantMessage {
     this.drawCards();
   }
 
+  showEarly(words) {
+    // The first sentence's first words, guarded, before the sentence ends: replaced by it.
+    this.early = el("span", "sentence early", words);
+    this.answer.append(this.early);
+  }
+
   addSentences(sentences) {
+    if (this.early) {
+      this.early.remove();
+      this.early = null;
+    }
     for (const s of sentences) {
       this.sentences.push(s);
       const span = el("span", "sentence" + (s.support === "unsupported" || s.support === "restates" ? " unsupported" : ""), s.text);
@@ -148,13 +159,15 @@ async function ask(question) {
       const choice = (chunk.choices || [])[0] || {};
       content += (choice.delta && choice.delta.content) || "";
       if (rag.sources && !choice.finish_reason) message.addSources(rag.sources);
-      if (rag.sentences && !choice.finish_reason && rag.sentences.length) {
+      const early = rag.early && !choice.finish_reason;
+      if (early || (rag.sentences && !choice.finish_reason && rag.sentences.length)) {
         if (firstWord === null) {
           firstWord = performance.now() - started;
           message.node.dataset.firstWordMs = String(Math.round(firstWord));
           status(`answering (first words after ${(firstWord / 1000).toFixed(1)} s)…`);
         }
-        message.addSentences(rag.sentences);
+        if (early) message.showEarly(choice.delta.content);
+        else message.addSentences(rag.sentences);
       }
       if (choice.finish_reason) {
         message.finish(rag, content);
