@@ -3,7 +3,9 @@ loopback, and the keys nowhere a process listing or another process would show t
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -129,3 +131,31 @@ def test_no_process_of_the_stack_shows_a_key(stack: Stack) -> None:
         seen += 1
         assert not any(key in shown for key in stack.keys), f"pid {p.pid} ({p.name()}) shows a key"
     assert seen >= 10
+
+
+def _compute_nices(p: psutil.Process) -> set[int]:
+    """The nice values of the threads of `p` that carry its name: its main thread and
+    the OpenMP workers it started (Linux keeps a nice value per thread; the I/O threads
+    vLLM starts before the model, named otherwise, keep the process's own)."""
+    name, out = Path(f"/proc/{p.pid}/comm").read_text(), set()
+    for task in Path(f"/proc/{p.pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            if (task / "comm").read_text() != name:
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out.add(int(fields[16]))  # field 19 of stat, counted after "pid (comm)"
+    return out
+
+
+def test_the_engines_compute_below_the_front_door(stack: Stack) -> None:
+    """A burst is refused by the proxy and the ingress while the engines compute
+    (rag/stack/engine_hooks.py YieldingExecutor): each vLLM engine core's compute
+    threads at nice 10, Serve's proxy and replicas at Ray's 0."""
+    if stack.pid is None:
+        pytest.skip("this session did not start the stack, so it does not know its processes")
+    tree = psutil.Process(stack.pid).children(recursive=True)
+    engines = [p for p in tree if p.name().startswith("VLLM::EngineCor")]
+    front = [p for p in tree if p.name().startswith(("ray::ProxyActor", "ray::ServeRepli"))]
+    assert len(engines) == 4 and len(front) >= 6, [p.name() for p in tree]
+    assert all(_compute_nices(p) == {10} for p in engines), [_compute_nices(p) for p in engines]
+    assert all(p.nice() == 0 for p in front)

@@ -9,16 +9,18 @@ of the serve module. `Engine` serves both profiles; `LocalWeights` and
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
+from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
 from rag.stack.loopback import keep_replicas_on_loopback
 
 keep_replicas_on_loopback()  # imported as each LLM replica initializes (rag/stack/loopback.py)
 
-__all__ = ["Engine", "InProcessEngine", "LocalWeights"]
+__all__ = ["Engine", "InProcessEngine", "LocalWeights", "YieldingExecutor"]
 
 
 class LocalWeights(CallbackBase):
@@ -66,7 +68,24 @@ class InProcessEngine(Engine):
     """
 
     def _start_async_llm_engine(self, engine_args: Any, engine_config: Any, placement_group: Any) -> Any:
-        from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
-        engine_config.parallel_config.distributed_executor_backend = UniProcExecutor
+        engine_config.parallel_config.distributed_executor_backend = YieldingExecutor
         return super()._start_async_llm_engine(engine_args, engine_config, placement_group)
+
+
+class YieldingExecutor(UniProcExecutor):
+    """vLLM's single-process executor, computing at nice RAG_ENGINE_NICE (the serve
+    module sets it; 0 leaves the priority alone).
+
+    On a CPU the engines' compute and the requests' front door (Ray's proxy, our
+    ingress, the replicas that stream tokens) share the cores. At the same priority a
+    burst waits behind the model: 640 chats at once on 2 cores (batch 64, so 512 are
+    refused) got their refusals in 2.0 s at the median, the slowest in 3.1 s; with the
+    engines' compute at nice 10 the front door comes first and the engines still get
+    every cycle it leaves. Set in the EngineCore's main thread before the model loads,
+    so the OpenMP threads it starts inherit it."""
+
+    def _init_executor(self) -> None:
+        nice = int(os.environ.get("RAG_ENGINE_NICE") or 0)
+        if nice > 0:
+            os.nice(nice)
+        super()._init_executor()
