@@ -125,10 +125,11 @@ def test_early_words_stream_first_and_the_spans_still_point_into_the_content() -
     assert t.content == "".join(deltas) == whole.content  # the same content as without them
     assert t.sentences == whole.sentences and t.annotations(a.sources) == whole.annotations(a.sources)
     assert t.add_early("late words") == ""  # only an answer's start goes early
-    with pytest.raises(AssertionError, match="not where the answer starts"):
-        odd = Transcript()
-        odd.add_early("Something else ")
-        odd.add_sentences(a.sentences)
+    odd = Transcript()  # were they not its start, the sentence would follow whole, spans right
+    odd.add_early("Something else ")
+    delta, added = odd.add_sentences(a.sentences[:1])
+    assert delta == "Use --amend to replace the tip of the branch [1]. " and added[0]["start"] == 15
+    assert odd.content[added[0]["start"] : added[0]["end"]] == delta.rstrip()
 
 
 def test_the_completion_is_an_openai_chat_completion_with_the_sources_beside_it() -> None:

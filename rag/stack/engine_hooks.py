@@ -79,10 +79,11 @@ class YieldingExecutor(UniProcExecutor):
     On a CPU the engines' compute and the requests' front door (Ray's proxy, our
     ingress, the replicas that stream tokens) share the cores. At the same priority a
     burst waits behind the model: 640 chats at once on 2 cores (batch 64, so 512 are
-    refused) got their refusals in 2.0 s at the median, the slowest in 3.1 s; with the
-    engines' compute at nice 10 the front door comes first and the engines still get
-    every cycle it leaves. Set in the EngineCore's main thread before the model loads,
-    so the OpenMP threads it starts inherit it."""
+    refused) got their refusals in 2.02 s at the median, the slowest in 3.13 s; with the
+    engines' compute at nice 10, 1.14 and 1.72 s, the 128 served no slower: the front
+    door comes first and the engines still get every cycle it leaves. Set in the
+    EngineCore's main thread before the model loads, so the OpenMP threads it starts
+    inherit it."""
 
     def _init_executor(self) -> None:
         nice = int(os.environ.get("RAG_ENGINE_NICE") or 0)

@@ -66,6 +66,8 @@ class Transcript:
         JSON (text, span, sources, support)."""
         text, added = "", list[dict[str, Any]]()
         early, self._early = self._early, ""
+        if early and not self._starts_with(sentences, early):  # cannot happen (early_point)
+            early = ""  # then the sentence follows whole, as `rag ask` prints it too
         base = len(self.content) - len(early)
         for x in sentences:
             shown = render(x)
@@ -79,12 +81,14 @@ class Transcript:
                     "sources": list(x.sources), "support": x.support, "sep": x.sep,
                 }
             )  # fmt: skip
-        if not text.startswith(early):  # cannot happen (rag/attribute.py early_point)
-            raise AssertionError(f"early words {early!r} are not where the answer starts: {text[:80]!r}")
         delta = text[len(early) :]
         self.content += delta
         self.sentences += added
         return delta, added
+
+    @staticmethod
+    def _starts_with(sentences: Sequence[Sentence], early: str) -> bool:
+        return bool(sentences) and render(sentences[0]).lstrip().startswith(early)
 
     def add_text(self, text: str) -> str:
         """Plain text after the sentences (the sources list, a refusal): the delta it makes."""
