@@ -258,7 +258,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         # staying in malloc's heap after loading (0.36 GiB per Qwen engine, measured).
         "MALLOC_MMAP_THRESHOLD_": str(4 * MiB),
         # The model computes below the front door, so a burst is refused at once
-        # (rag/stack/engine_hooks.py YieldingExecutor); 0 keeps Ray's worker priority.
+        # (rag/stack/engine_hooks.py CpuExecutor); 0 keeps Ray's worker priority.
         "RAG_ENGINE_NICE": os.environ.get("RAG_ENGINE_NICE", "10"),
     }
     threads = cpu_threads()

@@ -149,7 +149,7 @@ def _compute_nices(p: psutil.Process) -> set[int]:
 
 def test_the_engines_compute_below_the_front_door(stack: Stack) -> None:
     """A burst is refused by the proxy and the ingress while the engines compute
-    (rag/stack/engine_hooks.py YieldingExecutor): each vLLM engine core's compute
+    (rag/stack/engine_hooks.py CpuExecutor): each vLLM engine core's compute
     threads at nice 10, Serve's proxy and replicas at Ray's 0."""
     if stack.pid is None:
         pytest.skip("this session did not start the stack, so it does not know its processes")
