@@ -198,8 +198,9 @@ def cpu_threads(cores: int | None = None) -> dict[str, int]:
     token 1.0 against 1.4 s); whole answers 2.20 against 2.66 s. Where the reranker is
     called beside the chat (RAG_RERANK_MODE=floor) they would fight over the cores
     (first word 3.12 s beside a 2-thread reranker against 1.79 s with a core each), so
-    the server then tells clients not to overlap them (overlap_stages). Score ranks 8
-    documents in 1.39 s with 1 thread against 1.25 s with 2."""
+    the server then tells clients not to overlap them (overlap_stages). A step of one
+    token runs on one thread all the same (rag/stack/engine_hooks.py CpuExecutor). Score
+    ranks 8 documents in 1.39 s with 1 thread against 1.25 s with 2."""
     cores = cores or len(os.sched_getaffinity(0))
     given = os.environ.get("RAG_ENGINE_THREADS")
     half = max(1, cores // 2)
