@@ -5,6 +5,7 @@ run with tiny parameters, all three systems, every output file. No timing is ass
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import textwrap
@@ -15,8 +16,9 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from rag.bench.compute import Watch, core_list, describe
 from rag.bench.stats import percentile
-from rag.bench.systems import bare_command
+from rag.bench.systems import bare_binding, bare_command
 from rag.bench.workload import knee, workload
 from rag.cli import main
 from rag.errors import ServeError
@@ -74,6 +76,10 @@ def test_bare_vllm_gets_the_chat_engines_arguments_and_engine_environment() -> N
     assert "--dtype bfloat16 --enforce-eager --max-num-seqs 64" in flags
     assert '--hf-overrides {"architectures": ["Q"]}' in flags and "--no-enable-chunked-prefill" in flags
     assert env["OMP_NUM_THREADS"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    # One thread, free on this process's cores as the stack's is: not vLLM's `auto`,
+    # which reserves a core and pins the model to the rest.
+    cores = os.sched_getaffinity(0)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == ("nobind" if len(cores) > 1 else core_list(cores))
     assert (
         "RAYLLM_VLLM_ENGINE_CLS" not in env or env["RAYLLM_VLLM_ENGINE_CLS"] != "x.Engine"
     )  # Ray's, not vLLM's
@@ -151,3 +157,39 @@ def test_bench_smoke_against_the_stack_and_a_started_baseline(stack: Stack, tmp_
     assert (out / "logs" / "bare.log").stat().st_size > 0  # vLLM logged its boot there
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "| concurrency |" in (out / "bench.md").read_text()
+
+
+def test_bare_vllm_computes_on_every_core_the_stacks_chat_engine_may_use() -> None:
+    assert bare_binding(2, {0, 1}) == "0-1"  # vLLM then runs a thread per listed core, none reserved
+    assert bare_binding(5, {0, 1, 2, 3, 6}) == "0-3,6"
+    assert bare_binding(1, {0, 1}) == "nobind"  # one thread free on both, as the stack's
+
+
+def test_the_bench_reads_which_threads_computed_and_on_which_cores() -> None:
+    import threading
+
+    stop = time.monotonic() + 3  # two threads share the GIL: over 0.5 s each (BUSY_THREAD_S)
+    done = threading.Event()
+
+    def spin() -> None:
+        while time.monotonic() < stop:
+            pass
+
+    def worker_spin() -> None:
+        spin()
+        done.wait(30)  # alive while the watch reads it: an ended thread has no CPU time to read
+
+    watch = Watch(lambda: [psutil.Process()])
+    watch.start()
+    worker = threading.Thread(target=worker_spin)
+    worker.start()
+    spin()
+    got = watch.report({"OMP_NUM_THREADS": "2"})
+    done.set()
+    worker.join()
+    measured = got["measured"]
+    assert measured["busy_threads"] == 2 and measured["cpu_s"] >= 1.0
+    assert set(measured["thread_cores"]) == {core_list(os.sched_getaffinity(0))}
+    line = describe(got)
+    assert line.startswith("OMP_NUM_THREADS=2; ran: ") and "2 busy threads" in line
+    assert "not measured" in describe({"declared": {"A": "1"}})

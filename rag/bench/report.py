@@ -13,6 +13,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from rag.bench.compute import describe
+
 __all__ = ["machine", "markdown", "plot", "ratio", "targets", "write"]
 
 _FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")  # what decides the CPU's dtype and speed
@@ -114,6 +116,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"\nours / bare: worst throughput ratio {t['worst_ours_over_bare_tokens_per_s']}x "
             f"(want >= 0.95), TTFT p50 at concurrency 1 {t['ours_over_bare_ttft_p50_at_1']}x (want <= 1.15)."
         )
+    lines.append("\nThreads and cores, as told and as run (the busiest process's busy threads):\n")
+    lines += [f"- {n}: {describe(systems[n]['compute'])}" for n in names if systems[n].get("compute")]
     for n in names:
         k = systems[n].get("knee")
         lines.append(

@@ -109,6 +109,7 @@ def bench(
       rag bench --systems ours,bare --no-extras   # just the cost of the stack
       rag bench --levels 1,2 --min-requests 2 --max-tokens 4 --no-extras
     """
+    from rag.bench.compute import Watch
     from rag.bench.probes import (
         ask_latency,
         ask_pipeline,
@@ -119,7 +120,7 @@ def bench(
         score_throughput,
     )
     from rag.bench.report import machine, markdown, targets, write
-    from rag.bench.systems import start_bare, start_baseline, start_stack
+    from rag.bench.systems import chat_config, declared, start_bare, start_baseline, start_stack
     from rag.bench.workload import run_sweep, summarize
     from rag.stack.preflight import load_deploy
 
@@ -140,6 +141,8 @@ def bench(
         raise ConfigError(
             f"no model weights in {model_dir} for the baseline; run `rag prepare` or pass --baseline-model"
         )
+    module_path = load_deploy(deploy_file).module_path
+    told = declared(chat_config(module_path))
     work = out / "logs"
     work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
@@ -153,18 +156,20 @@ def bench(
             if name == "ours":
                 managed = start_stack(port, work, err)
             elif name == "bare":
-                managed = start_bare(load_deploy(deploy_file).module_path, port + 3, work, err)
+                managed = start_bare(module_path, port + 3, work, err)
             else:
-                managed = start_baseline(str(model_dir), port + 1, work, err)
+                managed = start_baseline(str(model_dir), port + 1, work, err, module_path)
         url = (given or (managed.url if managed else "")).rstrip("/")
         try:
             err(f"{name}: sweeping {level_list} at {url}")
             model = s.chat_model
+            watch = Watch(managed.processes if managed else list)
+            watch.start()
             sweep = run_sweep(
                 url, model, level_list, min_requests=min_requests, max_tokens=max_tokens, seed=seed, log=err,
                 waves=1 if name == "baseline" else waves,  # one at a time: the order changes nothing
             )  # fmt: skip
-            report["systems"][name] = summarize(sweep)
+            report["systems"][name] = summarize(sweep) | {"compute": watch.report(told[name])}
             if name == "ours" and extras:
                 err("ours: embeddings, score and rag ask latency")
                 report["extras"]["embeddings"] = embeddings_throughput(url, s.embed_model, [1, 8, 32, 128])

@@ -88,7 +88,16 @@ class CpuExecutor(UniProcExecutor):
 
     Threads: a prefill or a batch of decodes runs faster on every core the engine was
     given, one sequence's decode step slower (2-core EPYC: 64 tokens in 3.80 s on two
-    threads against 3.44 s on one), so a step that computes one token uses one."""
+    threads against 3.44 s on one), so a step that computes one token uses one. Until
+    vLLM's no-op was seen (below) this switch did nothing; working, one request at a
+    time gave 23.6 tok/s against 21.5 and 22.6 without it (2-core EPYC, avx512_bf16, one
+    run each: within the spread of a run).
+
+    Not done: binding the chat's OpenMP threads to cores (OMP_PROC_BIND=close,
+    OMP_PLACES={0},{1}, as bare vLLM binds its worker). In the EngineCore that pins the
+    main thread, which schedules, and every thread started after it to core 0: 9.4 /
+    43.9 / 54.7 / 61.2 tok/s at concurrency 1 / 4 / 16 / 64 against 21.5 / 53.5 / 91.7 /
+    106.4 unbound (same machine)."""
 
     def _init_executor(self) -> None:
         nice = int(os.environ.get("RAG_ENGINE_NICE") or 0)
@@ -96,14 +105,15 @@ class CpuExecutor(UniProcExecutor):
             os.nice(nice)
         import torch
 
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op that logs a
+        # warning (cpu_worker.py, init_device): keep the real one from before it does.
+        self._set_threads = torch.set_num_threads
         self._threads = self._now = torch.get_num_threads()
         super()._init_executor()
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
         want = 1 if scheduler_output.total_num_scheduled_tokens <= 1 else self._threads
         if want != self._now:
-            import torch
-
-            torch.set_num_threads(want)  # this thread runs the model: run_method, not a pool
+            self._set_threads(want)  # this thread runs the model: run_method, not a pool
             self._now = want
         return super().execute_model(scheduler_output, non_block)

@@ -127,6 +127,10 @@ class Managed:
             time.sleep(1)
         return None
 
+    def processes(self) -> list[psutil.Process]:
+        """Every process the server started and it itself (its session)."""
+        return _session(self.proc.pid)
+
     def stop(self, timeout_s: float = 180) -> list[int]:
         """Ctrl-C the server, wait for it, then kill whatever of its session outlived it.
 
