@@ -172,12 +172,12 @@ def first_shown(pipe: Pipeline, questions: Sequence[str]) -> dict[str, Any]:
 
 
 def _overload_client(
-    base_url: str, model: str, prompts: list[str], max_tokens: int, start_at: float, poll: bool
-) -> dict[str, Any]:
-    """One client process of `overload`: its share of the burst, sent at wall time `start_at`,
-    and (when `poll`) /v1/models polled until its share is done. Module level: spawned."""
+    base_url: str, model: str, prompts: list[str], max_tokens: int, start_at: float
+) -> list[tuple[int, float, str]]:
+    """One client process of `overload`: its share of the burst, sent at wall time
+    `start_at`; (status, seconds, Retry-After) per request. Module level: spawned."""
 
-    async def run() -> dict[str, Any]:
+    async def run() -> list[tuple[int, float, str]]:
         # aiohttp (Ray's own HTTP client), not httpx: at 640 connections httpx's async client
         # spent 10 s of CPU itself on 2 cores, and the measurement measured the client.
         import aiohttp
@@ -186,18 +186,6 @@ def _overload_client(
         timeout = aiohttp.ClientTimeout(total=OVERLOAD_DEADLINE_S)
         connector = aiohttp.TCPConnector(limit=0)  # no pool to queue in: every request goes out
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth_header()) as http:
-            done = asyncio.Event()
-            models_s: list[float] = []
-
-            async def poll_models() -> None:
-                while not done.is_set():
-                    t = time.perf_counter()
-                    with contextlib.suppress(aiohttp.ClientError):
-                        async with http.get(f"{root}/models") as r:
-                            await r.read()
-                            if r.status == 200:
-                                models_s.append(time.perf_counter() - t)
-                    await asyncio.sleep(0.25)
 
             async def one(prompt: str) -> tuple[int, float, str]:
                 body = {
@@ -217,14 +205,24 @@ def _overload_client(
                     return -2, time.perf_counter() - t, ""
 
             await asyncio.sleep(max(0.0, start_at - time.time()))
-            poller = asyncio.create_task(poll_models()) if poll else None
-            results = await asyncio.gather(*(one(p) for p in prompts))
-            done.set()
-            if poller:
-                await poller
-        return {"results": results, "models_s": models_s}
+            return await asyncio.gather(*(one(p) for p in prompts))
 
     return asyncio.run(run())
+
+
+def _poll_models(base_url: str, start_at: float, stop: Any) -> list[float]:
+    """/v1/models' latency every 0.25 s from `start_at` until `stop` (an Event) is set:
+    a process of its own, so it polls for the whole burst. Module level: spawned."""
+    with httpx.Client(base_url=base_url, timeout=OVERLOAD_DEADLINE_S, headers=auth_header()) as http:
+        time.sleep(max(0.0, start_at - time.time()))
+        out: list[float] = []
+        while not stop.is_set():
+            t = time.perf_counter()
+            with contextlib.suppress(httpx.HTTPError):
+                if http.get("/models").status_code == 200:
+                    out.append(time.perf_counter() - t)
+            time.sleep(0.25)
+        return out
 
 
 OVERLOAD_DEADLINE_S = 900.0
@@ -255,14 +253,16 @@ def overload(
     shares = [prompts[i::clients] for i in range(clients)]
     start_at = time.time() + 3.0  # every process imported and connected before the burst
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(clients) as pool:
+    with ctx.Manager() as manager, ctx.Pool(clients + 1) as pool:
+        stop = manager.Event()
+        poller = pool.apply_async(_poll_models, (base_url, start_at, stop))
         jobs = [
-            pool.apply_async(_overload_client, (base_url, model, share, max_tokens, start_at, i == 0))
-            for i, share in enumerate(shares)
+            pool.apply_async(_overload_client, (base_url, model, share, max_tokens, start_at))
+            for share in shares
         ]
-        parts = [job.get(OVERLOAD_DEADLINE_S + 60) for job in jobs]
-    results = [r for part in parts for r in part["results"]]
-    models_s = [s for part in parts for s in part["models_s"]]
+        results = [r for job in jobs for r in job.get(OVERLOAD_DEADLINE_S + 60)]
+        stop.set()
+        models_s = poller.get(OVERLOAD_DEADLINE_S + 60)
     served = [s for code, s, _ in results if code == 200]
     refused = [s for code, s, _ in results if code in (429, 503)]
     retry_after = sorted({ra for code, _, ra in results if code in (429, 503) and ra})

@@ -144,10 +144,10 @@ class KeyGate:
             ok |= hmac.compare_digest(candidate, known)
         return ok
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def problem(self, scope: Scope) -> str | None:
+        """Why this request may not pass (what its 401 says), or None: it may."""
         if scope["type"] != "http" or not self.digests or scope.get("path") in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
+            return None
         header = ""
         for name, value in scope.get("headers", []):
             if name.lower() == b"authorization":
@@ -158,18 +158,22 @@ class KeyGate:
         if scheme.lower() == "basic":
             presented = _basic_password(presented)
         if not header:
-            message = (
+            return (
                 "no API key: send `Authorization: Bearer KEY` (the OpenAI client's api_key; "
                 "RAG_API_KEY for `rag`)"
             )
-        elif scheme.lower() not in ("bearer", "basic") or not presented:
-            message = "the Authorization header must be `Bearer KEY` (or Basic, with the key as password)"
-        elif not self._allowed(presented):
-            message = (
+        if scheme.lower() not in ("bearer", "basic") or not presented:
+            return "the Authorization header must be `Bearer KEY` (or Basic, with the key as password)"
+        if not self._allowed(presented):
+            return (
                 "the API key is not one this server accepts; check RAG_API_KEY (or the key file) "
                 "on both sides"
             )
-        else:
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = self.problem(scope)
+        if message is None:
             await self.app(scope, receive, send)
             return
         response = self.refuse(401, message)

@@ -67,6 +67,9 @@ SERVE_ENV = {
     "RAY_SERVE_LOG_TO_STDERR": "0",
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAYLLM_ENABLE_REQUEST_PROMPT_LOGS": "0",
+    # The key check and the admission count in Ray's proxy, before a request crosses a
+    # handle (rag/stack/front_door.py): a refusal no longer waits on the ingress.
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "rag.stack.front_door:proxy_middlewares",
 }
 
 

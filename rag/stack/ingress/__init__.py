@@ -13,9 +13,10 @@ serves for text models and adds:
   a 4xx in the OpenAI error shape, `{"error": {"message", "type", "param", "code"}}`,
   and so is every error Ray or FastAPI raise for a malformed request.
 - Back-pressure: each engine holds a batch running and a batch queued (serve_module's
-  `_deployment`), counted at the edge (`Admission`); a request past that is refused
-  with 429 and Retry-After before it crosses a handle, instead of queueing. Serve's
-  own bound stays behind it (its handler would answer a plain-text body).
+  `_deployment`), counted at the edge (rag/stack/admission.py: in Ray's proxy, the
+  front door, and again here); a request past that is refused with 429 and
+  Retry-After before it crosses a handle, instead of queueing. Serve's own bound
+  stays behind it (its handler would answer a plain-text body).
 - `/v1/models` carries each role's facts (guard format, reranker kind, limits) in
   `metadata["rag"]`, so clients ask the server instead of guessing.
 - API keys (rag/stack/auth.py): with any key set, every route but `GET /health`
@@ -35,7 +36,6 @@ Not routed: `/v1/audio/transcriptions` (no engine here takes audio).
     rerank.py    the rerank request shape and its results
     errors.py    the OpenAI error shape for refusals, Ray's and FastAPI's errors, 429s
     boundary.py  body size, content type and JSON checks, before any route
-    admission.py requests in flight per engine, 429 past a batch running and one queued
     rag_model.py the `rag` model: its request checks, limits, answers streamed or whole
     handles.py   the engines through Serve handles, as the query path calls them
     completion.py  an answer in the OpenAI chat shape, with its sources
@@ -43,7 +43,7 @@ Not routed: `/v1/audio/transcriptions` (no engine here takes audio).
     app.py       RagIngress, its FastAPI app, build_app
 """
 
-from rag.stack.ingress.admission import Admission, Capacity
+from rag.stack.admission import Admission, Capacity
 from rag.stack.ingress.app import ENDPOINTS, RagIngress, build_app, make_app
 from rag.stack.ingress.boundary import MAX_BODY_BYTES, MAX_JSON_DEPTH, Boundary, check_json
 from rag.stack.ingress.errors import openai_error

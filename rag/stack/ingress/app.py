@@ -9,7 +9,8 @@ Prometheus endpoint relayed behind the API key), the `rag` model (rag_model.py) 
 the web page at `/`. `make_app` is the FastAPI app
 under it: Ray's, with our error handlers, the `Boundary` and the `KeyGate`.
 `build_app` binds one deployment per LLMConfig behind a RagIngress, with each
-role's facts in its /v1/models `metadata["rag"]`.
+role's facts in its /v1/models `metadata["rag"]`; the replica publishes what to
+count and the keys' digests for the front door in Ray's proxy (rag/stack/front_door.py).
 
 Serve pickles RagIngress and each ingress replica imports it from this module.
 Over 300 lines because it is one class with a method per route (Ray wires routes to
@@ -49,8 +50,9 @@ from ray.serve.exceptions import BackPressureError
 from starlette.responses import JSONResponse, Response
 
 from rag.settings import Settings
+from rag.stack.admission import Admission, Capacity
 from rag.stack.auth import KeyGate
-from rag.stack.ingress.admission import Admission, Capacity
+from rag.stack.front_door import Plan, publish
 from rag.stack.ingress.boundary import Boundary
 from rag.stack.ingress.errors import (
     add_error_handlers,
@@ -97,8 +99,11 @@ class RagIngress(OpenAiIngress):
         limits: dict[str, dict[str, int]] | None = None,
         metrics_port: int | None = None,
         rag: dict[str, Any] | None = None,
+        front_door: bytes | None = None,
     ) -> None:
         super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
+        if front_door is not None:  # for Ray's proxy to count and check keys (front_door.py)
+            publish(Plan.loads(front_door))
         self._limits = {model: Limits(**v) for model, v in (limits or {}).items()}
         self._metrics_port = metrics_port
         self._rag: RagModel | None = None
@@ -302,7 +307,9 @@ def build_app(
     `key_digests` (SHA-256 of each API key, rag/stack/auth.py) every route but
     /health needs one of those keys; `metrics_port` is where /metrics relays from.
     With `rag` (the query path's settings, its index folder among them) the ingress
-    also serves the `rag` model (rag_model.py) and the web page at `/`.
+    also serves the `rag` model (rag_model.py) and the web page at `/`. Each
+    model's capacity and the key digests also go to the front door in Ray's proxy,
+    which counts and checks there first (rag/stack/front_door.py).
     """
     llm_configs = list(configs.values())
     role_of = {c.model_id: role for role, c in configs.items()}
@@ -343,5 +350,6 @@ def build_app(
         limits={m: lim.as_dict() for m, lim in limits.items()},
         metrics_port=metrics_port,
         rag=rag_options,
+        front_door=Plan(capacity, tuple(key_digests)).dumps(),
     )
     return app

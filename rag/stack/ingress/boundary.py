@@ -5,8 +5,8 @@ MAX_BODY_BYTES is a 413 (from Content-Length, and counted again while it is read
 since a chunked body has none), a Content-Type that is not JSON a 415. The body is
 then parsed once (`read_json`): invalid JSON, nesting past MAX_JSON_DEPTH and
 unpaired UTF-16 surrogates are 400s naming the field; the body's `model` is left in
-the ASGI scope (`MODEL_KEY`) for the admission count inside. Each refusal is in the OpenAI
-error shape (rag.stack.ingress.errors).
+the ASGI scope (`MODEL_KEY`) for the admission count inside (rag/stack/admission.py).
+Each refusal is in the OpenAI error shape (rag.stack.ingress.errors).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rag.stack.admission import MODEL_KEY
 from rag.stack.ingress.errors import openai_error, refuse
 from rag.stack.ingress.limits import Refusal
 
@@ -31,8 +32,6 @@ MAX_BODY_BYTES = 4 << 20
 # 500) near 300 levels; the deepest real request (a structured-output schema within
 # SCHEMA_LIMITS.max_depth, inside the request) stays well under this.
 MAX_JSON_DEPTH = 64
-# The scope key under which the Boundary leaves the body's `model` for the routes inside.
-MODEL_KEY = "rag.model"
 _JSON_TYPES = ("application/json", "text/json")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -11,7 +11,6 @@ with Retry-After instead of a request left to queue.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,42 +19,10 @@ from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPExc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from rag.stack.error_shape import openai_error
 from rag.stack.ingress.limits import Refusal
 
 __all__ = ["add_error_handlers", "backpressure_error", "openai_error", "refuse", "refuse_status"]
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "service_unavailable_error",
-}
-
-
-def openai_error(
-    status: int,
-    message: str,
-    *,
-    param: str | None = None,
-    type_: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> JSONResponse:
-    """An error response in the OpenAI shape, which every OpenAI-compatible client unpacks."""
-    body = {
-        "error": {
-            "message": message,
-            "type": type_
-            or _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
-            "param": param,
-            "code": status,
-        }
-    }
-    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
 def refuse(refusal: Refusal) -> JSONResponse:

@@ -43,7 +43,7 @@ from rag.attribute import Sentence
 from rag.errors import ConfigError
 from rag.pipeline import Answer, Pipeline
 from rag.settings import Settings
-from rag.stack.ingress.admission import Capacity
+from rag.stack.admission import Capacity
 from rag.stack.ingress.completion import Transcript, chunk, completion, finish_reason, rag_field, source_json
 from rag.stack.ingress.errors import openai_error, refuse
 from rag.stack.ingress.handles import Call, EngineError, HandleEngines
