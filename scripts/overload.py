@@ -28,16 +28,23 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=4, help="client processes sharing the burst")
     p.add_argument("--factor", type=int, default=10, help="the burst, in chat batches")
     p.add_argument("--runs", type=int, default=3, help="bursts, one after another")
+    p.add_argument(
+        "--pool",
+        type=int,
+        default=0,
+        help="connections per client, as a client's pool caps them (0: one per request)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the runs here as JSON")
     args = p.parse_args()
     s = Settings.from_env()
     url = (args.url or s.base_url).rstrip("/")
     runs = []
     for i in range(args.runs):
-        r = overload(url, s.chat_model, factor=args.factor, clients=args.clients)
+        r = overload(url, s.chat_model, factor=args.factor, clients=args.clients, pool=args.pool)
         runs.append(r)
         print(
-            f"run {i + 1}: {r['concurrent']} chats from {r['clients']} processes: {r['served']} served, "
+            f"run {i + 1}: {r['concurrent']} chats from {r['clients']} processes "
+            f"({r['connections_per_client']} connections each): {r['served']} served, "
             f"{r['refused']} refused (p50 {r['refusal_p50_s']} s, max {r['refusal_max_s']} s), "
             f"other {r['other_status']}, hung {r['hung']}, connection errors {r['connection_errors']}; "
             f"/v1/models p50 {r['models_p50_s']} s, max {r['models_max_s']} s over {r['models_polls']} polls",

@@ -172,10 +172,11 @@ def first_shown(pipe: Pipeline, questions: Sequence[str]) -> dict[str, Any]:
 
 
 def _overload_client(
-    base_url: str, model: str, prompts: list[str], max_tokens: int, start_at: float
+    base_url: str, model: str, prompts: list[str], max_tokens: int, start_at: float, pool: int = 0
 ) -> list[tuple[int, float, str]]:
     """One client process of `overload`: its share of the burst, sent at wall time
-    `start_at`; (status, seconds, Retry-After) per request. Module level: spawned."""
+    `start_at` over at most `pool` connections (0: one each); (status, seconds,
+    Retry-After) per request, timed from the call. Module level: spawned."""
 
     async def run() -> list[tuple[int, float, str]]:
         # aiohttp (Ray's own HTTP client), not httpx: at 640 connections httpx's async client
@@ -184,7 +185,7 @@ def _overload_client(
 
         root = base_url.rstrip("/")
         timeout = aiohttp.ClientTimeout(total=OVERLOAD_DEADLINE_S)
-        connector = aiohttp.TCPConnector(limit=0)  # no pool to queue in: every request goes out
+        connector = aiohttp.TCPConnector(limit=pool)  # 0: no pool to queue in, every request goes out
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth_header()) as http:
 
             async def one(prompt: str) -> tuple[int, float, str]:
@@ -229,7 +230,7 @@ OVERLOAD_DEADLINE_S = 900.0
 
 
 def overload(
-    base_url: str, model: str, factor: int = 10, max_tokens: int = 16, clients: int = 4
+    base_url: str, model: str, factor: int = 10, max_tokens: int = 16, clients: int = 4, pool: int = 0
 ) -> dict[str, Any]:
     """`factor` x the engine's batch in concurrent chat requests, all at once, from
     `clients` processes, as several users would send them.
@@ -253,11 +254,11 @@ def overload(
     shares = [prompts[i::clients] for i in range(clients)]
     start_at = time.time() + 3.0  # every process imported and connected before the burst
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager, ctx.Pool(clients + 1) as pool:
+    with ctx.Manager() as manager, ctx.Pool(clients + 1) as workers:
         stop = manager.Event()
-        poller = pool.apply_async(_poll_models, (base_url, start_at, stop))
+        poller = workers.apply_async(_poll_models, (base_url, start_at, stop))
         jobs = [
-            pool.apply_async(_overload_client, (base_url, model, share, max_tokens, start_at))
+            workers.apply_async(_overload_client, (base_url, model, share, max_tokens, start_at, pool))
             for share in shares
         ]
         results = [r for job in jobs for r in job.get(OVERLOAD_DEADLINE_S + 60)]
@@ -271,6 +272,7 @@ def overload(
         "batch": batch,
         "concurrent": n,
         "clients": clients,
+        "connections_per_client": pool or "one per request",
         "served": len(served),
         "refused": len(refused),
         "other_status": sorted({code for code, _, _ in results if code not in (200, 429, 503, -1, -2)}),
