@@ -438,6 +438,20 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_client_waits_it_out(
         assert json.loads(text)["error"]["type"] == "rate_limit_error"
     assert answer.strip()
     assert waits and all("429" in w for w in waits), waits
+    if stack.metrics_url is not None:  # refused in Ray's proxy, so counted by the front door itself
+        assert _metric_seen(stack.metrics_url, "ray_rag_front_door_refusals_total{", 'code="429"'), (
+            "no ray_rag_front_door_refusals_total on the metrics port after a burst of 429s"
+        )
+
+
+def _metric_seen(url: str, prefix: str, label: str, within_s: float = 60) -> bool:
+    deadline = time.monotonic() + within_s  # Ray's agents report every few seconds
+    while time.monotonic() < deadline:
+        lines = httpx.get(url, timeout=30).text.splitlines()
+        if any(line.startswith(prefix) and label in line for line in lines):
+            return True
+        time.sleep(2)
+    return False
 
 
 # ------------------------------------------------------------------------- metrics

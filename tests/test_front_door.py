@@ -46,11 +46,12 @@ class Behind:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-def door(plan: Plan | None, behind: Behind) -> FrontDoor:
+def door(plan: Plan | None, behind: Behind, refused: list[tuple[str, int]] | None = None) -> FrontDoor:
     async def read() -> Plan | None:
         return plan
 
-    return FrontDoor(behind, read=read, refresh_s=3600)
+    seen = refused if refused is not None else []
+    return FrontDoor(behind, read=read, refresh_s=3600, refused=lambda m, c: seen.append((m, c)))
 
 
 def chat(i: int = 0) -> dict[str, Any]:
@@ -70,7 +71,8 @@ async def _ready(d: FrontDoor, client: httpx.AsyncClient) -> None:
 
 def test_past_capacity_the_front_door_answers_429_itself_and_passes_bodies_on_whole() -> None:
     behind = Behind()
-    d = door(Plan({"chat": Capacity(2, 4.2)}, (digest(KEY),)), behind)
+    refused: list[tuple[str, int]] = []
+    d = door(Plan({"chat": Capacity(2, 4.2)}, (digest(KEY),)), behind, refused)
     auth = {"Authorization": f"Bearer {KEY}"}
 
     async def run() -> None:
@@ -85,6 +87,7 @@ def test_past_capacity_the_front_door_answers_429_itself_and_passes_bodies_on_wh
             assert r.status_code == 429 and r.headers["retry-after"] == "5"
             assert r.json()["error"]["type"] == "rate_limit_error" and "holds 2 requests" in r.text
             assert len(behind.bodies) == 2  # refused here: nothing went on
+            assert refused == [("chat", 429)]  # and counted in the metric Serve's own cannot see
             other = await client.post("/v1/embeddings", json={"model": "embed", "input": "y"})
             assert other.status_code == 200  # a model with no capacity is not counted
             behind.release.set()
@@ -98,7 +101,8 @@ def test_past_capacity_the_front_door_answers_429_itself_and_passes_bodies_on_wh
 
 def test_no_key_is_a_401_from_the_front_door_in_the_openai_shape() -> None:
     behind = Behind()
-    d = door(Plan({"chat": Capacity(2, 1)}, (digest(KEY),)), behind)
+    refused: list[tuple[str, int]] = []
+    d = door(Plan({"chat": Capacity(2, 1)}, (digest(KEY),)), behind, refused)
 
     async def run() -> None:
         transport = httpx.ASGITransport(app=d)
@@ -112,7 +116,7 @@ def test_no_key_is_a_401_from_the_front_door_in_the_openai_shape() -> None:
                 "/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer nope"}
             )
             assert wrong.status_code == 401 and "not one this server accepts" in wrong.text
-            assert behind.bodies == []
+            assert behind.bodies == [] and refused == [("", 401), ("", 401)]
 
     asyncio.run(run())
 
@@ -148,3 +152,9 @@ def test_before_a_plan_and_for_what_it_does_not_read_the_front_door_passes_reque
 def test_a_plan_survives_its_trip_through_rays_kv() -> None:
     plan = Plan({"chat": Capacity(128, 5.0), "guard": Capacity(16, 1.5)}, ("ab" * 32,))
     assert Plan.loads(plan.dumps()) == plan
+
+
+def test_without_rays_metrics_the_refusal_counter_is_a_quiet_no_op() -> None:
+    from rag.stack.front_door import ray_metric
+
+    ray_metric()("chat", 429)  # no Ray here: must not raise

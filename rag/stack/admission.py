@@ -24,7 +24,7 @@ Light on purpose: Ray's proxy imports it (no Ray Serve LLM, no vLLM).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -47,11 +47,15 @@ class Capacity:
 
 
 class Count:
-    """Requests in flight per model, each model held to its capacity."""
+    """Requests in flight per model, each model held to its capacity; `on_refuse(model)`
+    is told of each refusal (the front door counts them in a metric)."""
 
-    def __init__(self, capacity: Mapping[str, Capacity]) -> None:
+    def __init__(
+        self, capacity: Mapping[str, Capacity], on_refuse: Callable[[str], None] | None = None
+    ) -> None:
         self.capacity = dict(capacity)
         self.in_flight = dict.fromkeys(self.capacity, 0)
+        self.on_refuse = on_refuse
 
     def counts(self, model: object) -> bool:
         return isinstance(model, str) and model in self.capacity
@@ -67,6 +71,8 @@ class Count:
                 f"and one waiting) and all are taken; retry after {wait} s",
                 headers={"Retry-After": str(wait)},
             )
+            if self.on_refuse:
+                self.on_refuse(model)
             await refusal(scope, receive, send)
             return
         self.in_flight[model] += 1

@@ -24,12 +24,17 @@ Per POST, once there is a plan:
 - anything else (chunked, larger, not JSON, no such model) goes on as it came, for
   the ingress's Boundary to answer.
 
+What it refuses never reaches Serve's own request metrics (its middleware wraps
+Ray's proxy app), so it counts them itself: `ray_rag_front_door_refusals_total`
+(labels `model`, `code`: 429 or 401) on the metrics port beside Serve's.
+
 Light on purpose: this runs in the proxy, which must not import Ray Serve LLM or vLLM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -38,13 +43,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.middleware import Middleware
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag.stack.admission import Capacity, Count
 from rag.stack.auth import KeyGate
 from rag.stack.error_shape import openai_error
 
-__all__ = ["READ_LIMIT", "FrontDoor", "Plan", "proxy_middlewares", "publish", "read_plan"]
+__all__ = ["READ_LIMIT", "FrontDoor", "Plan", "proxy_middlewares", "publish", "ray_metric", "read_plan"]
 
 NAMESPACE, KEY = b"rag", b"front_door"  # where the plan lives in Ray's internal KV
 REFRESH_S = 5.0  # how often the plan is read again (a redeploy may change it)
@@ -104,6 +110,31 @@ def _model_of(body: bytes) -> object:
     return data.get("model") if isinstance(data, dict) else None
 
 
+Refused = Callable[[str, int], None]  # (model or "", status): one refusal, for the metric
+
+
+def ray_metric() -> Refused:
+    """A refusal counter in Ray's metrics (`ray_rag_front_door_refusals_total`); a no-op
+    where Ray's metrics cannot be reached (a unit test)."""
+    try:
+        from ray.util.metrics import Counter
+
+        counter = Counter(
+            "rag_front_door_refusals",
+            description="Requests the front door in Ray's proxy refused (429: engine full, 401: no key).",
+            tag_keys=("model", "code"),
+        )
+    except Exception as exc:  # the metric is a convenience: never fail the proxy for it
+        log.warning("front door: no refusal metric (%s)", exc)
+        return lambda model, code: None
+
+    def refused(model: str, code: int) -> None:
+        with contextlib.suppress(Exception):  # a metric that fails must not fail the refusal
+            counter.inc(tags={"model": model, "code": str(code)})
+
+    return refused
+
+
 class FrontDoor:
     """ASGI middleware around Ray's proxy: the key and the admission count, per `Plan`."""
 
@@ -112,6 +143,7 @@ class FrontDoor:
         app: ASGIApp,
         read: Callable[[], Awaitable[Plan | None]] = read_plan,
         refresh_s: float = REFRESH_S,
+        refused: Refused | None = None,
     ) -> None:
         self.app = app
         self._read = read
@@ -120,6 +152,7 @@ class FrontDoor:
         self._reading: asyncio.Task[None] | None = None
         self.plan: Plan | None = None
         self._gate: KeyGate | None = None
+        self._refused = refused or ray_metric()
         self._count = Count({})
 
     def _refresh(self) -> None:
@@ -138,12 +171,16 @@ class FrontDoor:
             self._reading = None
         if plan is not None and plan != self.plan:
             self.plan = plan
-            self._count = Count(plan.capacity)
-            self._gate = KeyGate(self._counted, plan.digests, refuse=openai_error)
+            self._count = Count(plan.capacity, on_refuse=lambda model: self._refused(model, 429))
+            self._gate = KeyGate(self._counted, plan.digests, refuse=self._unauthorized)
             counts = ", ".join(f"{m} {c.requests}" for m, c in plan.capacity.items())
             log.info(
                 "front door: admitting at most %s requests at a time; %d API keys", counts, len(plan.digests)
             )
+
+    def _unauthorized(self, status: int, message: str) -> Response:
+        self._refused("", status)
+        return openai_error(status, message)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":

@@ -69,6 +69,10 @@ def end_tree(procs: Iterable[psutil.Process]) -> int:
     return len(alive)
 
 
+def _hear_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # in the child, before it runs: Python then handles it
+
+
 class Managed:
     """A server subprocess, started, waited for until ready and stopped with everything
     it spawned. Ready means it printed its URL on stdout, or, given `ready_url`, that
@@ -94,6 +98,9 @@ class Managed:
             text=True,
             start_new_session=True,
             env=env,
+            # `stop` asks with Ctrl-C first; a shell's background job (`make bench &`) would
+            # hand the server SIGINT ignored, and Python then never sees it.
+            preexec_fn=_hear_ctrl_c,
         )
         url = self._health(ready_url, ready_timeout_s) if ready_url else self._printed(ready_timeout_s)
         if url is None:
