@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 
 from rag import sse
+from rag.engines import Usage
 from rag.errors import EngineTimeout, HTTPStatusError, ServerUnreachable
 from rag.served import facts_from_models
 from rag.settings import Settings
@@ -217,15 +218,20 @@ class StackClient:
         }
         return str(self._post("/chat/completions", body)["choices"][0]["message"]["content"] or "")
 
-    def chat_stream(self, messages: Sequence[Message], *, max_tokens: int = 512) -> Iterator[str]:
-        """Yield the answer's text as it is generated; retried only until the first piece."""
-        body = {
+    def chat_stream(
+        self, messages: Sequence[Message], *, max_tokens: int = 512, usage: Usage | None = None
+    ) -> Iterator[str]:
+        """Yield the answer's text as it is generated; retried only until the first piece.
+        The engine's token counts go into `usage` (asked for only when given)."""
+        body: dict[str, Any] = {
             "model": self.settings.chat_model,
             "messages": list(messages),
             "max_tokens": max_tokens,
             "temperature": 0,
             "stream": True,
         }
+        if usage is not None:
+            body["stream_options"] = {"include_usage": True}
         path = "/chat/completions"
         shown = False
 
@@ -241,6 +247,8 @@ class StackClient:
                     if chunk.get("error"):
                         error = HTTPStatusError(self._url(path), 500, str(chunk["error"]))
                         raise error if shown else _Retry("failed before its first token", error)
+                    if usage is not None:
+                        usage.add(chunk.get("usage"))
                     for choice in chunk.get("choices", []):
                         piece = (choice.get("delta") or {}).get("content")
                         if piece:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from rag.answer import Source
 from rag.attribute import Attributor, Sentence
 from rag.errors import ClientError, ConfigError, ServerUnreachable
@@ -133,10 +135,13 @@ class EvalReport:
     claims: int = 0  # answer sentences that state something
     supported: int = 0  # of those, with a supporting source
     fallbacks: int = 0  # answers followed by the best passage, most of them resting on nothing
+    echoed: int = 0  # answers cut where the model wrote the prompt's worked example
     attached: int = 0  # sources attached to sentences
     attached_gold: int = 0  # of those, on a gold page
     not_covered: int = 0
     guard_blocks: Counter[str] = field(default_factory=Counter)
+    seconds: list[float] = field(default_factory=list)  # per answer, the whole of it
+    first_shown: list[float] = field(default_factory=list)  # per answer, to its first shown word
     per_question: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)  # question, stage, error
 
@@ -174,12 +179,33 @@ class EvalReport:
                 if self.claims
                 else None,
                 "fallback_rate": round(self.fallbacks / self.answered, 4) if self.answered else None,
+                "echoed_example": self.echoed,
                 "not_covered": self.not_covered,
                 "guard_blocks": dict(self.guard_blocks),
+                "seconds_p50": _quantile(self.seconds, 0.5),
+                "seconds_p95": _quantile(self.seconds, 0.95),
+                "first_shown_p50": _quantile(self.first_shown, 0.5),
+                "first_shown_p95": _quantile(self.first_shown, 0.95),
             },
             "failed": self.failed,
             "per_question": self.per_question,
         }
+
+
+class _FirstShown:
+    """An answer's on_text: the seconds from its start to the first text shown."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.first: float | None = None
+
+    def __call__(self, text: str) -> None:
+        if text and self.first is None:
+            self.first = time.monotonic() - self.start
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    return round(float(np.quantile(values, q)), 2) if values else None
 
 
 def _measure_answer(report: EvalReport, qa: QA, ans: Answer, keyword_rates: list[float]) -> dict[str, Any]:
@@ -197,6 +223,7 @@ def _measure_answer(report: EvalReport, qa: QA, ans: Answer, keyword_rates: list
         report.claims += len(claims)
         report.supported += sum(x.support == "supported" for x in claims)
         report.fallbacks += ans.fallback is not None
+        report.echoed += ans.echoed
         report.answers_citing += bool(ans.cited) or ans.fallback is not None
     by_n = {s.n: s for s in ans.sources}
     attached = [by_n[n] for x in ans.sentences for n in x.sources]
@@ -206,6 +233,7 @@ def _measure_answer(report: EvalReport, qa: QA, ans: Answer, keyword_rates: list
         "answer": ans.text,
         "cited": [s.path for s in ans.cited],
         "blocked": ans.blocked,
+        "echoed_example": ans.echoed,
         "sentences": [x.as_dict() for x in ans.sentences],
         "fallback": None
         if ans.fallback is None
@@ -248,11 +276,14 @@ def run_eval(
             row.update(ranks)
             if answers:
                 stage = "answer"
-                started = time.monotonic()
-                ans: Answer = pipeline.ask(qa.question)
-                seconds = time.monotonic() - started
+                clock = _FirstShown()
+                ans: Answer = pipeline.ask(qa.question, on_text=clock)
+                seconds = time.monotonic() - clock.start
                 row.update(_measure_answer(report, qa, ans, keyword_rates))
                 row["seconds"] = round(seconds, 2)
+                row["first_shown_s"] = None if clock.first is None else round(clock.first, 2)
+                report.seconds.append(seconds)
+                report.first_shown += [] if clock.first is None else [clock.first]
         except ServerUnreachable:
             raise
         except ClientError as exc:

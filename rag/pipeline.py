@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from rag.answer import NOT_COVERED, Source, build_messages, format_sources, sources_from
+from rag.answer import NOT_COVERED, Source, build_messages, echoes_example, format_sources, sources_from
 from rag.attribute import (
     UNSUPPORTED,
     Attributor,
@@ -44,7 +44,8 @@ from rag.attribute import (
     split_sentences,
 )
 from rag.embed import embed_query
-from rag.engines import Engines
+from rag.engines import Engines, Usage
+from rag.focus import focus
 from rag.guard import Verdict
 from rag.guard import check as guard_check
 from rag.rerank import rerank, scored_count
@@ -72,18 +73,24 @@ class Answer:
     verdicts: list[Verdict] = field(default_factory=list)
     blocked: str | None = None  # "input" or "output" when the guard refused
     covered: bool = True
+    echoed: bool = False  # the model wrote the prompt's worked example: withheld from here on
+    usage: Usage = field(default_factory=Usage)  # the chat engine's tokens, every attempt
     timings: dict[str, float] = field(default_factory=dict)
 
     def fallback_note(self) -> str:
-        """What is shown under an answer that rests on nothing: the passage that best covers
-        the question ("" when there is none)."""
+        """What is shown under an answer that rests on nothing, or instead of one that was
+        withheld: the passage that best covers the question ("" when there is none)."""
         if self.fallback is None:
             return ""
         src, passage = self.fallback
         where = src.path + (f" — {src.heading}" if src.heading else "")
-        return (
-            f"Most of this answer has no support in the sources. What the documents say, "
-            f"[{src.n}] {where}:\n" + "\n".join(f"  > {line}" for line in passage.splitlines())
+        lead = (
+            "Most of this answer has no support in the sources."
+            if self.sentences
+            else "No answer could be written from the sources."
+        )
+        return f"{lead} What the documents say, [{src.n}] {where}:\n" + "\n".join(
+            f"  > {line}" for line in passage.splitlines()
         )
 
     def tail(self) -> str:
@@ -96,7 +103,7 @@ class Answer:
             parts.append(f"{UNSUPPORTED}: no shown source supports that sentence")
         if self.cited:
             parts.append("Sources:\n" + format_sources(self.cited))
-        elif self.covered:
+        elif self.covered and self.sentences:
             parts.append("(no source supports this answer) Retrieved:\n" + format_sources(self.sources))
         return "\n\n".join(parts)
 
@@ -173,6 +180,7 @@ class _Hooks:
     text: Callable[[str], None]
     sentences: Callable[[Answer, list[Sentence]], None]
     early: Callable[[str], None]
+    instructions: str = ""  # the caller's, after the pipeline's own (rag/answer.py)
 
 
 class _Clock:
@@ -264,6 +272,7 @@ class Pipeline:
         question: str,
         *,
         history: Sequence[dict[str, str]] = (),
+        instructions: str = "",
         on_text: Callable[[str], None] = lambda text: None,
         on_sentences: Callable[[Answer, list[Sentence]], None] = lambda answer, sentences: None,
         on_early: Callable[[str], None] = lambda words: None,
@@ -275,15 +284,17 @@ class Pipeline:
         attributed, to `on_sentences` with the answer so far (its sources are set by
         then); the first words shown early go to `on_early` too (a prefix of the first
         sentence as rendered). Any of them may raise to stop the answer (a client that
-        went away)."""
+        went away). `instructions` (a caller's system message) go to the chat model after
+        the pipeline's own, and to the input guard with the question."""
         ans = Answer(question)
-        hooks = _Hooks(on_text, on_sentences, on_early)
+        hooks = _Hooks(on_text, on_sentences, on_early, instructions)
         overlap = bool(self._settled().overlap)
         # The input guard (0.1 s on CPU) runs beside retrieval and generation; nothing is
         # shown before its verdict. The reranker runs beside the chat only where the
         # server's chat and reranker fit its cores together (`overlap`, rag/served.py):
         # sharing cores, they only slowed each other down.
-        pending = _Pending(_background(ans.timings, "guard_in", self.guard, question))
+        asked = f"{instructions.strip()}\n\n{question}" if instructions.strip() else question
+        pending = _Pending(_background(ans.timings, "guard_in", self.guard, asked))
         # A follow-up ("and what does it print?") means little alone: retrieve with the
         # previous question too. The model still sees the whole conversation.
         previous = [m["content"] for m in history if m.get("role") == "user"][-1:]
@@ -343,16 +354,16 @@ class Pipeline:
             on_text(ans.text)
             return True
         clock = _Clock(ans.timings)
-        sources = sources_from(good)
+        sources = focus(sources_from(good), ans.question, self.bm25.idf, self.s.source_chars)
         attributor = Attributor(
             ans.question, sources, np.stack([self.index.vectors[h.row] for h in good]),
             self.client.embed, self.bm25.idf, threshold=self.s.support_threshold,
         )  # fmt: skip
-        messages = build_messages(ans.question, sources, history)
+        messages = build_messages(ans.question, sources, history, hooks.instructions)
         shown, early = 0, ""  # released up to `shown`; the first words shown ahead of it
         generated = ""
         start = time.monotonic()
-        stream = self.client.chat_stream(messages, max_tokens=self.s.max_tokens)
+        stream = self.client.chat_stream(messages, max_tokens=self.s.max_tokens, usage=ans.usage)
         try:
             for piece in stream:
                 ans.timings.setdefault("chat_first_token", time.monotonic() - start)
@@ -361,6 +372,9 @@ class Pipeline:
                 first_words = 0 if end > shown or shown or early else early_point(generated, EARLY_WORDS)
                 if end <= shown and not first_words:
                     continue
+                if echoes_example(generated[shown : max(end, first_words)], sources):
+                    ans.echoed = True  # what follows is the example's text: none of it is shown
+                    break
                 if (ok := settled()) is not True:
                     return ok is None
                 ans.sources = sources
@@ -381,7 +395,9 @@ class Pipeline:
         if (ok := settled()) is not True:
             return ok is None
         ans.sources = sources
-        if shown < len(generated.rstrip()):
+        if not ans.echoed and echoes_example(generated[shown:], sources):
+            ans.echoed = True
+        if shown < len(generated.rstrip()) and not ans.echoed:
             if not self._release(ans, clock, generated):
                 return True
             self._attribute(ans, clock, attributor, generated[shown:], on_text, on_sentences, early)
@@ -389,7 +405,7 @@ class Pipeline:
         by_n = {x.n: x for x in ans.sources}
         ans.cited = [by_n[n] for n in dict.fromkeys(n for x in ans.sentences for n in x.sources)]
         ans.covered = NOT_COVERED.rstrip(".") not in generated
-        if ans.covered and needs_fallback(ans.sentences):
+        if ans.covered and (ans.echoed or needs_fallback(ans.sentences)):
             ans.fallback = attributor.best_passage()
         return True
 

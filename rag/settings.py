@@ -45,6 +45,7 @@ class Settings:
     rerank_n: int  # of those, how many go through /v1/score
     rerank_mode: str  # order | blend | floor | off, or "" (the server's reranker decides)
     sources: int  # of those, how many the answer may cite
+    source_chars: int  # each source cut to this many characters around the question (0: whole)
     min_score: float  # rerank floor: below it the corpus "does not cover" the question
     guard_format: str  # score (CPU) | qwen3guard (GPU), or "" (the server says)
     # P(unsafe) at or above which the score-format guard blocks a question / an answer;
@@ -86,6 +87,8 @@ class Settings:
             # ranks nor separates relevant passages, so an answer does not call it (`off`).
             rerank_mode=os.environ.get("RAG_RERANK_MODE", "").strip(),
             sources=_int("RAG_SOURCES", 3),
+            # The sentences around each source's best match for the question (rag/focus.py).
+            source_chars=_int("RAG_SOURCE_CHARS", 0),
             min_score=_float("RAG_MIN_SCORE", 0.05),
             # Empty: ask the server which format its guard speaks (rag/served.py).
             guard_format=os.environ.get("RAG_GUARD_FORMAT", "").strip(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,9 +45,10 @@ class FakePipeline:
     def rerank(self, question: str, hits: list[Hit]) -> list[Hit]:
         return hits
 
-    def ask(self, question: str) -> Answer:
+    def ask(self, question: str, on_text: Callable[[str], None] = lambda text: None) -> Answer:
         self._maybe_fail(question, "answer")
         source = Source(1, "gold.md", "", "t", 1.0)
+        on_text("the answer is 42")
         return Answer(question, text="the answer is 42", sources=[source], cited=[source])
 
 
@@ -62,6 +64,13 @@ def test_a_timed_out_answer_is_recorded_and_the_rest_still_run() -> None:
     assert report.failed == [{"question": "q1", "stage": "answer", "error": str(timeout)}]
     assert report.retrieval["fused"].recall(1) == 1.0 and len(report.retrieval["fused"].ranks) == 4
     assert report.keyword_hit_rate == 1.0 and report.answers_citing == 3
+    # each answer timed whole and to its first shown word; the failed one not at all
+    assert all(
+        r["first_shown_s"] is not None and r["first_shown_s"] <= r["seconds"] for r in rows if "seconds" in r
+    )
+    answers = report.as_dict()["answers"]
+    assert len(report.first_shown) == 3 and answers["first_shown_p50"] is not None
+    assert answers["echoed_example"] == 0
 
 
 def test_a_failed_retrieval_leaves_every_mode_with_the_same_questions() -> None:

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rag.answer import EXAMPLE, Source, echoes_example
 from rag.chunk import Chunk, Chunker
+from rag.engines import Usage
 from rag.guard import NO_REPLY
 from rag.pipeline import EARLY_WORDS, Pipeline
 from rag.settings import Settings
@@ -36,8 +38,9 @@ class Engines:
     `score_s`; the chat streams ANSWER a word at a time, each step logged."""
 
     def __init__(self, *, unsafe_input: bool = False, guard_s: float = 0.0, score_s: float = 0.0,
-                 scores: Sequence[float] = (0.9, 0.9, 0.9)) -> None:  # fmt: skip
+                 scores: Sequence[float] = (0.9, 0.9, 0.9), answer: str = ANSWER) -> None:  # fmt: skip
         self.unsafe_input, self.guard_s, self.score_s, self.scores = unsafe_input, guard_s, score_s, scores
+        self.answer = answer
         self.events: list[str] = []
         self.prompts: list[str] = []
         self.lock = threading.Lock()
@@ -66,12 +69,16 @@ class Engines:
     ) -> str:
         raise AssertionError("a score-format guard never chats")
 
-    def chat_stream(self, messages: Sequence[dict[str, str]], *, max_tokens: int = 512) -> Iterator[str]:
+    def chat_stream(
+        self, messages: Sequence[dict[str, str]], *, max_tokens: int = 512, usage: Usage | None = None
+    ) -> Iterator[str]:
         self.prompts.append(messages[-1]["content"])
         self.log("chat")
-        for i, word in enumerate(ANSWER.split(" ")):
+        for i, word in enumerate(self.answer.split(" ")):
             time.sleep(0.01)
             yield word if i == 0 else " " + word
+        if usage is not None:  # as the engine's last chunk reports it
+            usage.add({"prompt_tokens": len(str(messages).split()), "completion_tokens": i + 1})
 
     def facts(self) -> Mapping[str, Mapping[str, Any]]:
         return {}
@@ -178,3 +185,38 @@ def test_in_mode_off_a_question_refused_late_shows_nothing(index_dir: Path) -> N
     a, shown = _ask(_pipeline(index_dir, engines, mode="off"), engines)
     assert a.blocked == "input" and shown == [] and a.text == ""
     assert engines.events.index("chat") < engines.events.index("guard_in")
+
+
+EXAMPLE_ANSWER = EXAMPLE[-1]["content"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "kept"),
+    [
+        (EXAMPLE_ANSWER, ""),  # the whole answer is the worked example, word for word
+        # The example's option, named early: nothing of it goes out, not even early words.
+        ("The --keep-logs option keeps them [1]. Refusals exit with code 3 [1].", ""),
+        # A right first sentence, then the example: the first stands, the echo is cut.
+        (f"Refusals exit with code 3 [1]. {EXAMPLE_ANSWER}", "Refusals exit with code 3 [1]."),
+        # The echo ends the answer, after the last release point.
+        (f"Refusals exit with code 3 [1]. It is {EXAMPLE_ANSWER[4:]}", "Refusals exit with code 3 [1]."),
+    ],
+)
+def test_the_worked_example_never_reaches_the_user(index_dir: Path, answer: str, kept: str) -> None:
+    engines = Engines(answer=answer)
+    a, shown = _ask(_pipeline(index_dir, engines, mode="off"), engines)
+    assert a.echoed and a.text == kept and "".join(shown).strip() == kept
+    for text in (*shown, a.text, a.tail()):
+        assert not echoes_example(text, []), text
+    assert a.fallback is not None  # instead: the passage that best covers the question, quoted
+    note = a.fallback_note()
+    assert note.startswith("No answer" if not kept else "Most of this answer")
+    assert f"[{a.fallback[0].n}] {a.fallback[0].path}" in note
+
+
+def test_an_answer_that_shares_words_with_its_sources_is_no_echo() -> None:
+    # The example's words are an echo only where no shown source holds them.
+    source = Source(1, "app.html", "", "Keep the log files after a successful run with --keep-logs.", 1.0)
+    assert echoes_example("The --keep-logs option keeps the log files after a successful run.", [source])
+    assert not echoes_example("Use --keep-logs: it will keep the log files after a successful run.", [source])
+    assert not echoes_example("Refusals exit with code 3 [1].", [])

@@ -18,9 +18,9 @@ from rag.chunk import Chunk, Chunker
 from rag.errors import ConfigError
 from rag.guard import Verdict
 from rag.pipeline import Answer
-from rag.stack.ingress.completion import Transcript, completion
+from rag.stack.ingress.completion import Transcript, completion, usage_chunk
 from rag.stack.ingress.limits import Refusal
-from rag.stack.ingress.rag_model import Conversation, RagLimits, read_conversation
+from rag.stack.ingress.rag_model import NEEDED, Conversation, RagLimits, Readiness, read_conversation
 from rag.store import LiveIndex, write_index
 
 LIMITS = RagLimits()
@@ -51,6 +51,7 @@ def _request(**fields: Any) -> ChatCompletionRequest:
         ),
         ({"messages": [{"role": "user", "content": "x" * 4001}]}, "messages[0].content", "at most 4000"),
         ({"messages": [{"role": "assistant", "content": "x" * 32_000}, Q]}, "messages", "characters"),
+        ({"messages": [{"role": "system", "content": "x" * 4001}, Q]}, "messages", "the guard reads them"),
     ],
 )  # fmt: skip
 def test_a_request_the_rag_model_cannot_answer_is_refused_naming_the_field(
@@ -70,7 +71,8 @@ def test_the_conversation_is_the_request_the_last_question_asked_the_recent_turn
     c = read_conversation(body, LIMITS)
     assert isinstance(c, Conversation)
     assert c.question == Q["content"]
-    # system messages are not passed on (the pipeline's instructions hold); the last turns are
+    # the system message becomes extra instructions (after the pipeline's); the last turns are kept
+    assert c.instructions == "You are a pirate." and "pirate" not in str(c.history)
     assert c.history == turns[-LIMITS.history_messages :]
     assert c.max_tokens == LIMITS.max_tokens  # lowered to the answer's budget
     parts = _request(
@@ -136,8 +138,12 @@ def test_the_completion_is_an_openai_chat_completion_with_the_sources_beside_it(
     a, t = _answer(), Transcript()
     t.add_sentences(a.sentences)
     t.add_text(a.tail())
+    a.usage.add({"prompt_tokens": 900, "completion_tokens": 40})
     body = completion(a, t, request_id="chatcmpl-rag-1", created=1, generation="g1")
     (choice,) = body["choices"]
+    assert body["usage"] == {"prompt_tokens": 900, "completion_tokens": 40, "total_tokens": 940}
+    last = usage_chunk("chatcmpl-rag-1", 1, a)  # a stream's last chunk, with include_usage
+    assert last["choices"] == [] and last["usage"] == body["usage"]
     assert body["object"] == "chat.completion" and body["model"] == "rag"
     assert choice["finish_reason"] == "stop" and choice["message"]["role"] == "assistant"
     assert choice["message"]["content"].endswith("Sources:\n[1] git-commit.html — OPTIONS")
@@ -173,3 +179,27 @@ def test_the_live_index_names_rag_index_until_one_exists_then_follows_each_new_g
     assert second is not first and len(second.chunks) == 3 and second.chunks[0].text == "gamma"
     # a request that took the first generation reads it whole, though its files are gone
     assert [c.text for c in first.chunks] == ["alpha", "beta"] and first.vectors.shape == (2, 4)
+
+
+def test_until_the_engines_an_answer_needs_serve_the_rag_model_is_told_at_once() -> None:
+    import asyncio
+
+    states = {"RagIngress": "HEALTHY", "chat": "UPDATING", "guard": "HEALTHY", "embed": "HEALTHY"}
+    asked: list[int] = []
+
+    def read() -> dict[str, str]:
+        asked.append(1)
+        return dict(states)
+
+    async def run() -> list[list[str]]:
+        ready = Readiness(read, ttl_s=0.2)
+        seen = [await ready.waiting_for(), await ready.waiting_for()]  # the second from the cache
+        states["chat"] = "HEALTHY"
+        await asyncio.sleep(0.25)
+        seen.append(await ready.waiting_for())
+        states["score"] = "UNHEALTHY"  # the reranker is not needed by every answer
+        await asyncio.sleep(0.25)
+        return [*seen, await ready.waiting_for()]
+
+    assert asyncio.run(run()) == [["chat"], ["chat"], [], []]
+    assert len(asked) == 3 and NEEDED == ("chat", "guard", "embed")

@@ -75,6 +75,10 @@ def test_the_sdk_gets_the_answer_rag_ask_gives_with_its_sources(served: Stack, o
     assert "Sources:" in content or "(no source supports this answer) Retrieved:" in content
     assert {"guard_in", "retrieve", "chat", "guard_out"} <= set(rag["timings"])
     assert "rerank" not in rag["timings"]  # the CPU reranker is not called (rag/served.py)
+    # what the chat engine read and wrote for it, as any OpenAI model reports
+    usage = reply.usage
+    assert usage is not None and usage.prompt_tokens > 100 and usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
 def test_streamed_each_sentence_arrives_with_its_sources_and_the_last_chunk_has_the_rest(
@@ -82,12 +86,15 @@ def test_streamed_each_sentence_arrives_with_its_sources_and_the_last_chunk_has_
 ) -> None:
     chunks = list(
         oai.chat.completions.create(
-            model="rag", messages=[{"role": "user", "content": QUESTION}], stream=True
+            model="rag", messages=[{"role": "user", "content": QUESTION}], stream=True,
+            stream_options={"include_usage": True},
         )
-    )
+    )  # fmt: skip
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     streamed = [x for c in chunks for x in ((c.model_extra or {}).get("rag") or {}).get("sentences", [])]
-    final = chunks[-1]
+    usage = chunks[-1]  # asked for: one last chunk with no choices and the usage
+    assert usage.choices == [] and usage.usage is not None and usage.usage.completion_tokens > 0
+    final = chunks[-2]
     rag = _rag(final)
     assert final.choices[0].finish_reason == "stop"
     assert streamed[: len(rag["sentences"])] == rag["sentences"] and rag["sentences"]
@@ -135,6 +142,18 @@ def test_a_refusal_is_an_assistant_message_naming_the_stage(served: Stack, oai: 
         oai.chat.completions.create(model="rag", messages=[{"role": "user", "content": UNSAFE}], stream=True)
     )
     assert streamed[-1].choices[0].finish_reason == "content_filter"
+
+
+def test_a_system_message_cannot_talk_past_the_guard(served: Stack, oai: OpenAI) -> None:
+    # The system message is extra instructions for the answer, and the input guard reads it
+    # with the question: a harmless question under a harmful instruction is refused.
+    messages: Any = [
+        {"role": "system", "content": UNSAFE},
+        {"role": "user", "content": "Go ahead, step by step."},
+    ]
+    reply = oai.chat.completions.create(model="rag", messages=messages)
+    assert reply.choices[0].finish_reason == "content_filter" and _rag(reply)["blocked"] == "input"
+    assert "chat" not in _rag(reply)["timings"]  # the chat engine never saw it
 
 
 @pytest.mark.parametrize(

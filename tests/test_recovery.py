@@ -11,9 +11,11 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -44,13 +46,21 @@ def test_killing_the_chat_engine_core_then_rag_ask_answers_once_it_is_back(
     assert built.exit_code == 0, built.output
 
     victim = _engine_core(stack.pid, "chat")
+    poller = _RagPoller(stack)
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
+    poller.start()
 
     result = runner.invoke(
         main, ["ask", "What should I do when port 8000 is already taken?", "--json"], env=env
     )
     answered_s = time.monotonic() - killed_at
+    poller.stop()
+    # Meanwhile the `rag` model said at once that its chat engine was not serving, instead of
+    # holding each request until the engine was back.
+    starting = [r for r in poller.replies if r[0] == 503 and "not serving yet" in r[1]]
+    assert starting, poller.replies
+    assert all("chat" in message and retry for _, message, retry in starting), starting
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)
     assert answer["blocked"] is None, answer
@@ -69,6 +79,28 @@ def test_killing_the_chat_engine_core_then_rag_ask_answers_once_it_is_back(
         request,
         f"kill -9 of chat's EngineCore -> rag ask answered in {answered_s:.0f} s ({len(waits)} waits)",
     )
+
+
+class _RagPoller(threading.Thread):
+    """Asks the `rag` model over and over, recording (status, error message, Retry-After)."""
+
+    def __init__(self, stack: Stack) -> None:
+        super().__init__(daemon=True)
+        self.stack, self.replies = stack, list[tuple[int, str, str]]()
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        body = {"model": "rag", "messages": [{"role": "user", "content": "Which port does it use?"}]}
+        with httpx.Client(base_url=self.stack.base_url, headers=self.stack.auth, timeout=120) as http:
+            while not self._stop.is_set():
+                r = http.post("/chat/completions", json=body)
+                message = r.json().get("error", {}).get("message", "") if r.status_code >= 400 else ""
+                self.replies.append((r.status_code, message, r.headers.get("retry-after", "")))
+                self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(timeout=150)
 
 
 def _words(text: str) -> list[str]:

@@ -126,10 +126,13 @@ def evaluate(
         click.echo(
             f"answers: expected keywords {pct(report.keyword_hit_rate)}; of {report.answered} answered, "
             f"{pct(d['answers_with_source_rate'])} carry a source, {pct(d['fallback_rate'])} fell back to a "
-            f"quoted passage; sentences with a supporting source {pct(d['citation_recall'])} "
+            f"quoted passage ({report.echoed} where the model wrote the prompt's example); "
+            f"sentences with a supporting source {pct(d['citation_recall'])} "
             f"({report.supported}/{report.claims}); attached sources on a gold page "
             f"{pct(report.citation_accuracy)}; not covered {report.not_covered}; "
-            f"guard blocks: input {report.guard_blocks['input']}, output {report.guard_blocks['output']}"
+            f"guard blocks: input {report.guard_blocks['input']}, output {report.guard_blocks['output']}; "
+            f"seconds per answer p50 {d['seconds_p50']} / p95 {d['seconds_p95']}, first shown word "
+            f"p50 {d['first_shown_p50']} / p95 {d['first_shown_p95']}"
         )
 
 

@@ -85,9 +85,10 @@ def _print_answer_tail(a: Answer, out: _Streamed) -> None:
             click.echo()
         click.echo(a.refusal())
         return
-    click.echo()
+    if out.any:
+        click.echo()
     if tail := a.tail():
-        click.echo("\n" + tail)
+        click.echo(("\n" if out.any else "") + tail)
 
 
 @main.command(context_settings=CONTEXT)

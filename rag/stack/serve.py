@@ -146,11 +146,13 @@ def first_answer(base_url: str, question: str = FIRST_QUESTION, api_key: str | N
     return " ".join(str(r.json()["choices"][0]["message"]["content"]).split())
 
 
-def _deployment_states() -> dict[str, tuple[str, str]]:
+def deployment_states(app_name: str = "default") -> dict[str, tuple[str, str]]:
+    """(status, message) of each deployment of the Serve app, by role ("chat", "RagIngress");
+    empty before the app exists."""
     from ray import serve
 
     status = serve.status()
-    app = status.applications.get("default")
+    app = status.applications.get(app_name)
     if app is None:
         return {}
     return {
@@ -341,7 +343,7 @@ def serve_forever(
         last = ""
         while True:
             elapsed = time.monotonic() - start
-            states = _deployment_states()
+            states = deployment_states()
             # Loading local weights is deterministic: the first failed start is final,
             # so say so now rather than after Serve's retries (minutes on CPU).
             failed = {

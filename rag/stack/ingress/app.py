@@ -70,7 +70,7 @@ from rag.stack.ingress.limits import (
     check_score,
     limits_for,
 )
-from rag.stack.ingress.rag_model import RAG_MODEL, RagLimits, RagModel
+from rag.stack.ingress.rag_model import RAG_MODEL, RagLimits, RagModel, Readiness
 from rag.stack.ingress.rerank import RerankRequest, rerank_results
 from rag.stack.loopback import keep_replicas_on_loopback
 from rag.stack.structured import SCHEMA_LIMITS
@@ -85,6 +85,14 @@ WEB_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 WEB_FILES = frozenset(p.name for p in WEB.iterdir() if p.suffix in WEB_TYPES) if WEB.is_dir() else frozenset()
 # Everything the page loads comes from here; nothing inline, nothing from elsewhere.
 PAGE_POLICY = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'"
+
+
+def _engine_states() -> dict[str, str]:
+    """Each deployment's Serve status in this replica's app, by role."""
+    from rag.stack.serve import deployment_states
+
+    app_name = serve.get_replica_context().app_name
+    return {role: status for role, (status, _) in deployment_states(app_name).items()}
 
 
 class RagIngress(OpenAiIngress):
@@ -122,6 +130,7 @@ class RagIngress(OpenAiIngress):
                 rag_limits,
                 lambda body, method: self._get_response(body=body, call_method=method),
                 lambda: {m: dict(card.metadata.get("rag") or {}) for m, card in self._model_cards.items()},
+                Readiness(_engine_states),
             )
 
     @staticmethod

@@ -30,7 +30,7 @@ from rag.attribute import Sentence, render
 from rag.pipeline import Answer
 from rag.shapes import fallback_json
 
-__all__ = ["Transcript", "chunk", "completion", "finish_reason", "rag_field", "source_json"]
+__all__ = ["Transcript", "chunk", "completion", "finish_reason", "rag_field", "source_json", "usage_chunk"]
 
 SNIPPET_CHARS = 1200  # of each source's passage: what the model was shown, cut for the page
 
@@ -150,7 +150,21 @@ def completion(
                 "logprobs": None,
             }
         ],
+        "usage": answer.usage.as_dict(),
         "rag": rag_field(answer, transcript, generation),
+    }
+
+
+def usage_chunk(request_id: str, created: int, answer: Answer) -> dict[str, Any]:
+    """The chunk that ends a stream asked for with `stream_options.include_usage`: no
+    choices, the answer's `usage` (OpenAI's shape for it)."""
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": "rag",
+        "choices": [],
+        "usage": answer.usage.as_dict(),
     }
 
 

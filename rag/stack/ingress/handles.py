@@ -25,8 +25,10 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 from ray.llm._internal.serve.core.ingress.utils import _apply_openai_json_format
 from ray.serve.exceptions import BackPressureError
+from vllm.entrypoints.generate.base.protocol import StreamOptions
 
 from rag import sse
+from rag.engines import Usage
 from rag.settings import Settings
 
 __all__ = ["EngineError", "HandleEngines"]
@@ -124,11 +126,14 @@ class HandleEngines:
         response = self._wait(self._first(body, "chat"))
         return str(response.choices[0].message.content or "")
 
-    def chat_stream(self, messages: Sequence[dict[str, str]], *, max_tokens: int = 512) -> Iterator[str]:
+    def chat_stream(
+        self, messages: Sequence[dict[str, str]], *, max_tokens: int = 512, usage: Usage | None = None
+    ) -> Iterator[str]:
         model = self.settings.chat_model
         body = ChatCompletionRequest(
-            model=model, messages=list(messages), max_tokens=max_tokens, temperature=0, stream=True, seed=None
-        )
+            model=model, messages=list(messages), max_tokens=max_tokens, temperature=0, stream=True,
+            seed=None, stream_options=StreamOptions(include_usage=True) if usage is not None else None,
+        )  # fmt: skip
         stream, response = self._opened(body)
         try:
             while response is not None:
@@ -140,6 +145,8 @@ class HandleEngines:
                         continue
                     if chunk.get("error"):
                         raise EngineError(model, 500, str(chunk["error"]))
+                    if usage is not None:
+                        usage.add(chunk.get("usage"))
                     for choice in chunk.get("choices", []):
                         if piece := (choice.get("delta") or {}).get("content"):
                             yield piece

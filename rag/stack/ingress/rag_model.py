@@ -4,8 +4,9 @@ Any OpenAI client (the SDK, LangChain, LlamaIndex, litellm, Open WebUI) asks the
 documents by naming `model: "rag"`. The request is the whole conversation, as for any
 chat model, and the server keeps nothing between requests: the last message is the
 question, the user and assistant messages before it the history (the last
-`history_messages` of them go to the chat model; system messages are ignored, the
-answer's instructions are the pipeline's). The reply is rag/pipeline.py's, unchanged:
+`history_messages` of them go to the chat model); system and developer messages are
+extra instructions after the pipeline's own (rag/answer.py), and the input guard reads
+them with the question, so none talks past it. The reply is rag/pipeline.py's, unchanged:
 guard in -> embed -> retrieve -> rerank -> answer -> guard out -> attribute, its engine
 calls made through the ingress's Serve handles (handles.py), in a worker thread, in
 the OpenAI shape of completion.py, streamed or not.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import threading
 import time
 import uuid
@@ -44,13 +46,21 @@ from rag.errors import ConfigError
 from rag.pipeline import Answer, Pipeline
 from rag.settings import Settings
 from rag.stack.admission import Capacity
-from rag.stack.ingress.completion import Transcript, chunk, completion, finish_reason, rag_field, source_json
+from rag.stack.ingress.completion import (
+    Transcript,
+    chunk,
+    completion,
+    finish_reason,
+    rag_field,
+    source_json,
+    usage_chunk,
+)
 from rag.stack.ingress.errors import openai_error, refuse
 from rag.stack.ingress.handles import Call, EngineError, HandleEngines
 from rag.stack.ingress.limits import Refusal
 from rag.store import LiveIndex
 
-__all__ = ["RAG_MODEL", "Conversation", "RagLimits", "RagModel", "read_conversation"]
+__all__ = ["NEEDED", "RAG_MODEL", "Conversation", "RagLimits", "RagModel", "Readiness", "read_conversation"]
 
 RAG_MODEL = "rag"
 STAGE_BUCKETS_S = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
@@ -81,6 +91,7 @@ class Conversation:
     question: str
     history: list[dict[str, str]]
     max_tokens: int
+    instructions: str = ""  # the system and developer messages, in order
 
 
 def _text(content: Any, where: str) -> str | Refusal:
@@ -137,6 +148,7 @@ def read_conversation(body: ChatCompletionRequest, limits: RagLimits) -> Convers
             "messages",
         )
     turns: list[dict[str, str]] = []
+    system: list[str] = []
     total = 0
     for i, message in enumerate(messages):
         role = message.get("role") if isinstance(message, Mapping) else None
@@ -151,6 +163,8 @@ def read_conversation(body: ChatCompletionRequest, limits: RagLimits) -> Convers
         total += len(text)
         if role in ("user", "assistant"):
             turns.append({"role": str(role), "content": text})
+        elif text.strip():
+            system.append(text.strip())
     if total > limits.max_chars:
         return Refusal(
             f"the messages hold {total} characters; the `rag` model takes at most {limits.max_chars}",
@@ -164,9 +178,41 @@ def read_conversation(body: ChatCompletionRequest, limits: RagLimits) -> Convers
             f"the question is {len(question)} characters; at most {limits.max_question_chars}",
             f"messages[{len(messages) - 1}].content",
         )
+    instructions = "\n\n".join(system)
+    if len(instructions) > limits.max_question_chars:
+        return Refusal(
+            f"the system messages hold {len(instructions)} characters; at most {limits.max_question_chars} "
+            "(the guard reads them whole, with the question)",
+            "messages",
+        )
     asked = body.max_completion_tokens or body.max_tokens or limits.max_tokens
     history = turns[:-1][-limits.history_messages :] if limits.history_messages else []
-    return Conversation(question, history, min(int(asked), limits.max_tokens))
+    return Conversation(question, history, min(int(asked), limits.max_tokens), instructions)
+
+
+# The engines every answer calls. The reranker is called only in some rerank modes; were it
+# down there, that answer's call says so (502).
+NEEDED = ("chat", "guard", "embed")
+READY_TTL_S = 1.0  # Serve's deployment states are asked at most this often
+
+
+class Readiness:
+    """Which engines an answer needs are not serving yet (booting, or coming back after a
+    crash), from Serve's deployment states; a request then gets 503 at once, with
+    Retry-After, instead of waiting in a handle for a replica."""
+
+    def __init__(self, states: Callable[[], Mapping[str, str]], ttl_s: float = READY_TTL_S) -> None:
+        self._states, self._ttl_s = states, ttl_s
+        self._asked, self._waiting = -ttl_s, list[str]()
+
+    async def waiting_for(self) -> list[str]:
+        """The needed engines that are not HEALTHY (asked off the event loop)."""
+        now = time.monotonic()
+        if now - self._asked >= self._ttl_s:
+            states = await asyncio.get_running_loop().run_in_executor(None, self._states)
+            self._waiting = [r for r in NEEDED if states.get(r, "HEALTHY") != "HEALTHY"]
+            self._asked = time.monotonic()
+        return self._waiting
 
 
 class _Gone(Exception):
@@ -187,9 +233,10 @@ class RagModel:
         limits: RagLimits,
         call: Call,
         facts: Callable[[], Mapping[str, Mapping[str, Any]]],
+        readiness: Readiness,
     ) -> None:
         self.settings, self.index, self.limits = settings, index, limits
-        self._call, self._facts = call, facts
+        self._call, self._facts, self._readiness = call, facts, readiness
         self._pool = ThreadPoolExecutor(limits.workers, thread_name_prefix="rag-answer")
         from ray.util.metrics import Counter, Histogram  # on the replica, where Ray exports them
 
@@ -216,6 +263,12 @@ class RagModel:
         conversation = read_conversation(body, self.limits)
         if isinstance(conversation, Refusal):
             return refuse(conversation)
+        if waiting := await self._readiness.waiting_for():
+            retry = math.ceil(self.limits.retry_after_s)
+            return openai_error(
+                503, f"the `rag` model is starting: the {', '.join(waiting)} engine(s) are not serving yet; "
+                f"retry after {retry} s", headers={"Retry-After": str(retry)},
+            )  # fmt: skip
         loop = asyncio.get_running_loop()
         try:
             index = await loop.run_in_executor(None, self.index.current)  # not behind the answers
@@ -226,11 +279,13 @@ class RagModel:
         request_id, created = f"chatcmpl-rag-{uuid.uuid4().hex}", int(time.time())
         generation = str(index.manifest.get("generation"))
         if body.stream:
-            events = self._stream(pipeline, conversation, request_id, created, generation)
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            events = self._stream(pipeline, conversation, request_id, created, generation, include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
+            c = conversation
             answer = await loop.run_in_executor(
-                self._pool, lambda: pipeline.ask(conversation.question, history=conversation.history)
+                self._pool, lambda: pipeline.ask(c.question, history=c.history, instructions=c.instructions)
             )
         except Exception as exc:
             self._record(None)
@@ -245,7 +300,13 @@ class RagModel:
         )
 
     async def _stream(
-        self, pipeline: Pipeline, conversation: Conversation, request_id: str, created: int, generation: str
+        self,
+        pipeline: Pipeline,
+        conversation: Conversation,
+        request_id: str,
+        created: int,
+        generation: str,
+        include_usage: bool,
     ) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -268,8 +329,12 @@ class RagModel:
             if gone.is_set():  # it waited for a worker, and its client left meanwhile
                 return
             try:
-                q, h = conversation.question, conversation.history
-                put("done", pipeline.ask(q, history=h, on_sentences=on_sentences, on_early=on_early))
+                c = conversation
+                answer = pipeline.ask(
+                    c.question, history=c.history, instructions=c.instructions,
+                    on_sentences=on_sentences, on_early=on_early,
+                )  # fmt: skip
+                put("done", answer)
             except BaseException as exc:  # handed to the stream, which says it
                 put("error", exc)
 
@@ -304,6 +369,8 @@ class RagModel:
                 final = {"annotations": transcript.annotations(answer.sources)}
                 rag = rag_field(answer, transcript, generation)
                 yield _sse(chunk(request_id, created, final, finish=finish_reason(answer), rag=rag))
+                if include_usage:
+                    yield _sse(usage_chunk(request_id, created, answer))
                 break
             yield "data: [DONE]\n\n"
         finally:  # the client went away or the answer ended: the thread stops at its next sentence
