@@ -34,6 +34,7 @@ from rag.errors import ConfigError
 from rag.stack.profiles import (
     CPU_MODEL_SETS,
     GUARD_HEADED,
+    ROLE_FACTS,
     cpu_model_set,
     default_models_dir,
     detect_profile,
@@ -343,6 +344,17 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     return {"chat": chat, "guard": guard, "embed": embed, "score": score}
 
 
+def gpu_guard_format(guard: LLMConfig) -> str:
+    """How the client reads the GPU guard's replies: its model's `guard_format` in
+    rag/stack/model_facts.yaml (`rag check` fails a guard model without one)."""
+    from rag.stack.budget import load_facts
+
+    facts = load_facts().get(str(guard.model_loading_config.model_source))
+    if facts is None or facts.guard_format is None:
+        return str(ROLE_FACTS["gpu"]["guard"]["guard_format"])
+    return facts.guard_format
+
+
 def configs(profile: str | None = None) -> dict[str, LLMConfig]:
     """The four configs by role for `profile` (default: RAG_PROFILE or detected)."""
     profile = profile or detect_profile()
@@ -373,6 +385,8 @@ def build_app() -> Application:
     rag = dataclasses.replace(settings, api_key="", index_dir=settings.index_dir.resolve())
     facts = role_facts(PROFILE)
     facts["chat"]["overlap_stages"] = overlap_stages(PROFILE)
+    if PROFILE == "gpu":  # the guard's reply format follows the model (rag/stack/model_facts.yaml)
+        facts["guard"]["guard_format"] = gpu_guard_format(CONFIGS["guard"])
     return build_ingress(
         CONFIGS,
         facts,

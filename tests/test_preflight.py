@@ -182,6 +182,13 @@ SWAPS: list[tuple[str, list[Edit], bool, dict[str, str]]] = [
         {"tool-parser": "set tool_call_parser to `llama3_json`"},
     ),
     (
+        # a model with facts but no reply format the client reads, as the guard
+        "guard-without-a-reply-format",
+        [replace(MODULE, '"Qwen/Qwen3Guard-Gen-4B"', '"Qwen/Qwen3-4B-Instruct-2507-FP8"')],
+        True,
+        {"guard-format": "add `guard_format:`"},
+    ),
+    (
         "unknown-model",
         [replace(MODULE, '"BAAI/bge-small-en-v1.5"', '"intfloat/multilingual-e5-large"')],
         True,

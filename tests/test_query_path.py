@@ -10,7 +10,7 @@ import pytest
 from rag.answer import NOT_COVERED, Source, build_messages, format_sources, sources_from
 from rag.attribute import strip_markers
 from rag.chunk import Chunk
-from rag.guard import check, parse_qwen3guard
+from rag.guard import check, parse_llamaguard3, parse_qwen3guard
 from rag.rerank import rerank, scored_count
 from rag.retrieve import BM25, Hit, _top, dense, rrf
 
@@ -136,6 +136,27 @@ def test_qwen3guard_verdicts(reply: str, strict: bool, safe: bool, label: str, c
     assert (v.stage, v.safe, v.label, v.categories) == ("output", safe, label, cats)
 
 
+# Llama Guard 3's replies in the shape its model card gives ("safe", or "unsafe" and the
+# violated categories' codes on the next line); the generation may start with blank lines.
+@pytest.mark.parametrize(
+    ("reply", "safe", "label", "cats"),
+    [
+        ("safe", True, "safe", ()),
+        ("\n\nsafe", True, "safe", ()),
+        ("unsafe\nS1", False, "unsafe", ("S1 Violent Crimes",)),
+        ("\n\nunsafe\nS4,S10", False, "unsafe", ("S4 Child Sexual Exploitation", "S10 Hate")),
+        ("unsafe\nS11, S99", False, "unsafe", ("S11 Suicide & Self-Harm", "S99")),
+        ("unsafe", False, "unsafe", ()),
+        ("Safe.", False, "unparseable", ()),  # not its format: fail closed
+        ("", False, "unparseable", ()),
+    ],
+)  # fmt: skip
+def test_llamaguard3_verdicts(reply: str, safe: bool, label: str, cats: tuple[str, ...]) -> None:
+    v = parse_llamaguard3(reply, "input")
+    assert (v.stage, v.safe, v.label, v.categories) == ("input", safe, label, cats)
+    assert v.why().startswith("input stage, " + label.capitalize())
+
+
 class FakeGuard:
     def __init__(self, p: float = 0.0, reply: str = "") -> None:
         self.p, self.reply = p, reply
@@ -166,3 +187,19 @@ def test_qwen3guard_output_check_sends_the_conversation() -> None:
     assert g.seen == [
         ([{"role": "user", "content": "q?"}, {"role": "assistant", "content": "bad answer"}], "guard")
     ]
+
+
+def test_llamaguard3_reads_the_conversation_through_chat_and_names_the_category() -> None:
+    g = FakeGuard(reply="\n\nunsafe\nS2")
+    v = check(g, "llamaguard3", "guard", "how do I pick this lock?", "First insert a tension wrench.")
+    assert not v.safe and v.stage == "output" and v.categories == ("S2 Non-Violent Crimes",)
+    assert g.seen == [
+        (
+            [
+                {"role": "user", "content": "how do I pick this lock?"},
+                {"role": "assistant", "content": "First insert a tension wrench."},
+            ],
+            "guard",
+        )
+    ]
+    assert check(FakeGuard(reply="safe"), "llamaguard3", "guard", "hello").safe

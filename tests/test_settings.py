@@ -128,3 +128,16 @@ def test_cpu_chat_gets_every_core_and_overlaps_the_reranker_only_when_they_fit(
         role: cfg.runtime_env["env_vars"]["OMP_NUM_THREADS"] for role, cfg in module.configs("cpu").items()
     }
     assert envs == {role: str(n) for role, n in threads.items()}
+
+
+@pytest.mark.parametrize(
+    ("guard", "fmt"),
+    [("Qwen/Qwen3Guard-Gen-4B", "qwen3guard"), ("meta-llama/Llama-Guard-3-1B", "llamaguard3")],
+)
+def test_the_gpu_guards_reply_format_follows_its_model(
+    monkeypatch: pytest.MonkeyPatch, guard: str, fmt: str
+) -> None:
+    module = _serve_module(monkeypatch, RAG_PROFILE="gpu")
+    cfg = module.CONFIGS["guard"].model_copy(deep=True)
+    cfg.model_loading_config.model_source = guard
+    assert module.gpu_guard_format(cfg) == fmt  # what /v1/models tells clients (rag/served.py)

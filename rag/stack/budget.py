@@ -63,6 +63,7 @@ class ModelFacts:
     gated: bool = False  # its repo asks users to accept terms: downloads need HF_TOKEN
     family: str | None = None  # picks the tool-call parser (load_tool_parsers)
     source: str = ""  # where the facts were read
+    guard_format: str | None = None  # a guard model's reply format (rag/guard.py GUARD_FORMATS)
 
     def weight_bytes(self, dtype: str | None) -> int:
         """Bytes of weights once loaded with engine `dtype` (None/"auto": vLLM's choice)."""
@@ -117,6 +118,7 @@ def load_facts(path: Path = FACTS_FILE) -> dict[str, ModelFacts]:
                 gated=bool(f.get("gated", False)),
                 family=str(f["family"]) if f.get("family") else None,
                 source=str(f.get("source", "")),
+                guard_format=str(f["guard_format"]) if f.get("guard_format") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{path}: model `{name}` is incomplete or malformed ({exc!r})") from None

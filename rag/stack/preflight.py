@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from rag.errors import ConfigError
+from rag.guard import CHAT_GUARD_FORMATS
 from rag.stack.budget import EngineBudget, GiB, ModelFacts, engine_budget, load_facts, load_tool_parsers
 
 __all__ = [
@@ -388,6 +389,13 @@ def _check_models(report: Report, configs: dict[str, Any]) -> None:
                     f'the config pass it: runtime_env={{"env_vars": {{"{TOKEN_ENV}": ...}}}} '
                     "(scripts/serve_module.py: `ENGINE_CLS | hf_token()`)",
                 )
+        if role == "guard" and f.decoder and f.guard_format not in CHAT_GUARD_FORMATS:
+            report.add(
+                "guard-format",
+                f"{where}: no reply format is known for the guard `{model}`; add `guard_format:` "
+                f"({' or '.join(CHAT_GUARD_FORMATS)}) to its entry in rag/stack/model_facts.yaml, or use a "
+                "guard model that has one",
+            )
         if f.license not in PERMISSIVE_LICENSES:
             report.note(
                 "license",

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from rag.errors import ServeError
-from rag.guard import NO_REPLY
+from rag.guard import CHAT_GUARD_FORMATS, NO_REPLY
 from rag.served import facts_from_models
 from rag.stack import auth, footprint, hardware
 from rag.stack.loopback import LOOPBACK_ENV
@@ -130,7 +130,9 @@ def probe(base_url: str, timeout_s: float = 60.0, api_key: str | None = None) ->
             if role not in facts:
                 results[role] = "not served"
                 continue
-            if role == "guard" and facts[role].get("guard_format") == "qwen3guard":  # answers through chat
+            if (
+                role == "guard" and facts[role].get("guard_format") in CHAT_GUARD_FORMATS
+            ):  # answers through chat
                 path, body = requests["chat"][0], {**requests["chat"][1], "model": "guard"}
             r = client.post(path, json=body)
             results[role] = "ok" if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
