@@ -354,9 +354,12 @@ class Pipeline:
             on_text(ans.text)
             return True
         clock = _Clock(ans.timings)
-        sources = focus(sources_from(good), ans.question, self.bm25.idf, self.s.source_chars)
+        # The model reads each source focused on the question (rag/focus.py); a sentence is
+        # checked against the whole chunk, which backs a claim whatever part of it was cut.
+        whole = sources_from(good)
+        sources = focus(whole, ans.question, self.bm25.idf, self.s.source_chars)
         attributor = Attributor(
-            ans.question, sources, np.stack([self.index.vectors[h.row] for h in good]),
+            ans.question, whole, np.stack([self.index.vectors[h.row] for h in good]),
             self.client.embed, self.bm25.idf, threshold=self.s.support_threshold,
         )  # fmt: skip
         messages = build_messages(ans.question, sources, history, hooks.instructions)

@@ -203,3 +203,9 @@ def test_until_the_engines_an_answer_needs_serve_the_rag_model_is_told_at_once()
 
     assert asyncio.run(run()) == [["chat"], ["chat"], [], []]
     assert len(asked) == 3 and NEEDED == ("chat", "guard", "embed")
+
+    def down() -> dict[str, str]:
+        raise ConnectionError("controller unreachable")
+
+    # A status that cannot be read holds no answer back: the answer's own calls will tell.
+    assert asyncio.run(Readiness(down).waiting_for()) == []

@@ -87,19 +87,19 @@ class _RagPoller(threading.Thread):
     def __init__(self, stack: Stack) -> None:
         super().__init__(daemon=True)
         self.stack, self.replies = stack, list[tuple[int, str, str]]()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         body = {"model": "rag", "messages": [{"role": "user", "content": "Which port does it use?"}]}
         with httpx.Client(base_url=self.stack.base_url, headers=self.stack.auth, timeout=120) as http:
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 r = http.post("/chat/completions", json=body)
                 message = r.json().get("error", {}).get("message", "") if r.status_code >= 400 else ""
                 self.replies.append((r.status_code, message, r.headers.get("retry-after", "")))
-                self._stop.wait(0.5)
+                self._halt.wait(0.5)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=150)
 
 

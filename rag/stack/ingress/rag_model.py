@@ -209,7 +209,10 @@ class Readiness:
         """The needed engines that are not HEALTHY (asked off the event loop)."""
         now = time.monotonic()
         if now - self._asked >= self._ttl_s:
-            states = await asyncio.get_running_loop().run_in_executor(None, self._states)
+            try:
+                states = await asyncio.get_running_loop().run_in_executor(None, self._states)
+            except Exception:  # Serve's controller did not say: the answer's own calls will
+                states = {}
             self._waiting = [r for r in NEEDED if states.get(r, "HEALTHY") != "HEALTHY"]
             self._asked = time.monotonic()
         return self._waiting
