@@ -36,7 +36,7 @@ def _engine_core(stack_pid: int, role: str) -> int:
 
 
 def test_killing_the_chat_engine_core_then_rag_ask_answers_once_it_is_back(
-    stack: Stack, tmp_path: Path, request: pytest.FixtureRequest
+    stack: Stack, served: Stack, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     if stack.pid is None:
         pytest.skip("needs a stack this session started (RAG_TEST_BASE_URL is set)")
@@ -56,11 +56,12 @@ def test_killing_the_chat_engine_core_then_rag_ask_answers_once_it_is_back(
     )
     answered_s = time.monotonic() - killed_at
     poller.stop()
-    # Meanwhile the `rag` model said at once that its chat engine was not serving, instead of
-    # holding each request until the engine was back.
-    starting = [r for r in poller.replies if r[0] == 503 and "not serving yet" in r[1]]
-    assert starting, poller.replies
-    assert all("chat" in message and retry for _, message, retry in starting), starting
+    # Meanwhile the `rag` model told its callers to come back (503 and Retry-After) while its
+    # chat engine was dead or being replaced.
+    unavailable = [r for r in poller.replies if r[0] == 503 and "rag index" not in r[1]]
+    assert unavailable and all(retry for _, _, retry in unavailable), poller.replies
+    statuses = sorted({r[0] for r in poller.replies})
+    report(request, f"the `rag` model meanwhile: {len(poller.replies)} replies, statuses {statuses}")
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)
     assert answer["blocked"] is None, answer

@@ -391,6 +391,10 @@ def _close(transcript: Transcript, answer: Answer) -> str:
     return transcript.add_text(tail) if tail else ""
 
 
+# What a call to a dead engine raises until Serve has replaced it: vLLM's, then Ray's.
+_REPLACED = frozenset({"EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError"})
+
+
 def _failure(exc: BaseException) -> JSONResponse:
     """An answer that could not be given, as the OpenAI error shape."""
     if isinstance(exc, EngineError):
@@ -399,4 +403,9 @@ def _failure(exc: BaseException) -> JSONResponse:
         return openai_error(status, f"the `rag` model could not answer: {exc}", headers=headers)
     if isinstance(exc, ConfigError):
         return openai_error(503, str(exc))
+    if _REPLACED & {t.__name__ for t in type(exc).__mro__}:  # Serve is replacing that engine
+        return openai_error(
+            503, f"the `rag` model could not answer: an engine is being replaced ({exc}); retry later",
+            headers={"Retry-After": "10"},
+        )  # fmt: skip
     return openai_error(500, f"the `rag` model failed: {type(exc).__name__}: {exc}")
