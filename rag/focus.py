@@ -35,16 +35,13 @@ def focus_text(text: str, question: str, idf: Callable[[str], float], max_chars:
     if len(units) <= 1:
         return text[:max_chars]
     wanted = set(terms(question))
-
-    def weight(i: int) -> float:
-        return sum(idf(t) for t in set(terms(units[i])) & wanted)
-
-    best = max(range(len(units)), key=lambda i: (weight(i), -i))
+    weight = [sum(idf(t) for t in set(terms(u)) & wanted) for u in units]
+    best = max(range(len(units)), key=lambda i: (weight[i], -i))
     lo = hi = best
     size = len(units[best])
     while True:  # grow by the neighbour that holds more of the question, the later on ties
-        left = weight(lo - 1) if lo > 0 and size + len(units[lo - 1]) + 1 <= max_chars else None
-        right = weight(hi + 1) if hi + 1 < len(units) and size + len(units[hi + 1]) + 1 <= max_chars else None
+        left = weight[lo - 1] if lo > 0 and size + len(units[lo - 1]) + 1 <= max_chars else None
+        right = weight[hi + 1] if hi + 1 < len(units) and size + len(units[hi + 1]) + 1 <= max_chars else None
         if left is None and right is None:
             break
         if right is not None and (left is None or right >= left):
