@@ -318,10 +318,11 @@ class Pipeline:
 
     def _good(self, hits: Sequence[Hit]) -> list[Hit]:
         """The candidates above the relevance floor that may become sources (in mode `off`
-        there is no floor: the top ones)."""
+        there is no floor: the top ones). A candidate the reranker did not score is not one:
+        its retrieval score (RRF's ~0.016) means nothing against a floor of rerank scores."""
         if self.s.rerank_mode == "off":
             return list(hits[: self.s.sources])
-        good = [h for h in hits if (h.rerank if h.rerank is not None else h.score) >= self.s.min_score]
+        good = [h for h in hits if h.rerank is not None and h.rerank >= self.s.floor]
         return good[: self.s.sources]
 
     def _answer(

@@ -8,9 +8,8 @@ rag/served.py; RAG_RERANK_MODE overrides):
   only the candidates that can become sources matter, only they are scored;
 - `off`: the retrieval order kept and no floor: an answer never calls the reranker, and
   `rag search` and `rag eval` still show its scores of the would-be sources. The CPU
-  profile's reranker (its chat LM asked yes/no) gets this: it ranks worse than fused
-  retrieval, and its scores do not tell a relevant passage from an irrelevant one
-  (rag/served.py), so scoring them cost every answer a core for 1.4-1.6 s for nothing.
+  profile's reranker (a MiniLM cross-encoder trained here) gets this: on manuals it was
+  not trained on it ranks worse than fused retrieval (rag/served.py).
 """
 
 from __future__ import annotations

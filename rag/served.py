@@ -21,14 +21,18 @@ from rag.settings import Settings
 
 __all__ = ["RERANK_MODE_FOR", "facts_from_models", "resolve"]
 
-# A trained cross-encoder orders the candidates. An LLM asked yes/no (the CPU profile's
-# Qwen 0.5B) ranks worse than fused retrieval on the dev set, and cannot gate a floor
-# either: over the top three passages of 40 Git-manual and 20 dev questions, and of 10
-# off-topic ones asked of each corpus (240 pairs), it scored 0.09-0.39, never under the
-# 0.05 floor; over the Git manual an off-topic question's best passage scored 0.25 on
-# average, an on-topic one's 0.24. So an answer does not call it at all (issue 18;
-# RAG_RERANK_MODE=floor brings it back).
-RERANK_MODE_FOR = {"cross-encoder": "order", "yes-no-llm": "off"}
+# A trained cross-encoder (the GPU's bge-reranker-base) orders the candidates. The CPU
+# profile's rerankers so far rank worse than fused retrieval, so an answer does not call
+# them (RAG_RERANK_MODE=floor or order brings them back):
+# - `small-cross-encoder`, MiniLM-L6 with a LoRA adapter and head trained on PostgreSQL's
+#   and the Debian Reference's pages (scripts/train_reranker.py, issue 34): reordering the
+#   fused top 20 took recall@1 from 0.75 to 0.45 on the Git manual (40 questions), 0.75 to
+#   0.50 on bash's (32), 0.90 to 0.70 on the dev set; RRF with the fused order, 0.625 /
+#   0.5625 / 0.90. Its best-passage score tells on- from off-topic questions with AUC 0.90
+#   (Git), 0.92 (bash), 0.98 (dev): not yet a floor that passes 98 % of real questions.
+# - `yes-no-llm`, the 0.5B chat model asked yes/no (before): over 240 pairs it scored
+#   0.09-0.39, an off-topic question's best passage as high as an on-topic one's.
+RERANK_MODE_FOR = {"cross-encoder": "order", "small-cross-encoder": "off", "yes-no-llm": "off"}
 
 
 def facts_from_models(listing: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -47,6 +51,8 @@ class FactsClient(Protocol):
 
 def _unresolved(s: Settings) -> bool:
     if not (s.guard_format and s.rerank_mode) or s.overlap is None:
+        return True
+    if s.min_score is None and s.rerank_mode != "off":  # a floor that gates something
         return True
     # A score-format guard blocks at thresholds; a qwen3guard at its own labels.
     return s.guard_format == "score" and None in (s.guard_input_threshold, s.guard_output_threshold)
@@ -90,12 +96,15 @@ def resolve(settings: Settings, client: FactsClient) -> Settings:
     overlap = settings.overlap
     if overlap is None:  # a server that does not say: one stage at a time
         overlap = facts.get(settings.chat_model, {}).get("overlap_stages") is True
-    return dataclasses.replace(settings, guard_format=guard_format, rerank_mode=rerank_mode, overlap=overlap)
+    min_score = _number(settings.min_score, facts.get(settings.score_model, {}).get("floor"))
+    return dataclasses.replace(
+        settings, guard_format=guard_format, rerank_mode=rerank_mode, overlap=overlap, min_score=min_score
+    )
 
 
 def _number(given: float | None, served: Any) -> float | None:
     """The setting where given; else the server's value where it is a number; else None,
-    which Settings.guard_threshold reads as the untrained guard's default."""
+    which Settings reads as its default (the untrained guard's thresholds, MIN_SCORE)."""
     if given is not None:
         return given
     return float(served) if isinstance(served, int | float) and not isinstance(served, bool) else None

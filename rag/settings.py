@@ -25,6 +25,10 @@ SUPPORT_THRESHOLD = 0.72
 # the environment nor the server names one: the untrained two-token guard's (SmolLM2).
 # A trained head publishes its own, chosen on eval/guard (rag/stack/guard_head/*.json).
 GUARD_THRESHOLDS = {"input": 0.86, "output": 0.86}
+# The rerank score under which a passage cannot be a source, where neither the environment
+# nor the server names one. A trained reranker publishes its calibrated floor
+# (rag/stack/trained/*.json).
+MIN_SCORE = 0.05
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,9 @@ class Settings:
     rerank_mode: str  # order | blend | floor | off, or "" (the server's reranker decides)
     sources: int  # of those, how many the answer may cite
     source_chars: int  # each source cut to this many characters around the question (0: whole)
-    min_score: float  # rerank floor: below it the corpus "does not cover" the question
+    # Rerank floor: below it the corpus "does not cover" the question; None: the floor the
+    # server's reranker was calibrated for (rag/served.py), else MIN_SCORE.
+    min_score: float | None
     guard_format: str  # score (CPU) | qwen3guard (GPU), or "" (the server says)
     # P(unsafe) at or above which the score-format guard blocks a question / an answer;
     # None: the threshold the server's guard was calibrated for (rag/served.py).
@@ -58,6 +64,11 @@ class Settings:
     # In floor mode, run the chat beside the reranker; None: as the server says
     # (`overlap_stages`: whether its chat and reranker fit the cores together).
     overlap: bool | None = None
+
+    @property
+    def floor(self) -> float:
+        """The rerank floor in force: RAG_MIN_SCORE, else the server's, else MIN_SCORE."""
+        return MIN_SCORE if self.min_score is None else self.min_score
 
     def guard_threshold(self, stage: str) -> float:
         t = self.guard_input_threshold if stage == "input" else self.guard_output_threshold
@@ -83,8 +94,8 @@ class Settings:
             top_k=_int("RAG_TOP_K", 20),
             rerank_n=_int("RAG_RERANK_N", 8),
             # Empty: ask the server what its reranker is (rag/served.py). A trained one
-            # orders the candidates; the CPU one (a 0.5B chat model asked yes/no) neither
-            # ranks nor separates relevant passages, so an answer does not call it (`off`).
+            # orders the candidates; the CPU one (MiniLM trained here) ranks worse than
+            # fused retrieval on manuals it never saw, so an answer does not call it (`off`).
             rerank_mode=os.environ.get("RAG_RERANK_MODE", "").strip(),
             sources=_int("RAG_SOURCES", 3),
             # The sentences around each source's best match for the question (rag/focus.py);
@@ -92,7 +103,7 @@ class Settings:
             # and bash manuals with their keywords kept, but cost the dev set's answers
             # citations (README, "Each source is cut ...").
             source_chars=_int("RAG_SOURCE_CHARS", 0),
-            min_score=_float("RAG_MIN_SCORE", 0.05),
+            min_score=_optional_float("RAG_MIN_SCORE"),
             # Empty: ask the server which format its guard speaks (rag/served.py).
             guard_format=os.environ.get("RAG_GUARD_FORMAT", "").strip(),
             # RAG_GUARD_THRESHOLD sets both stages; the stage's own variable wins; unset,

@@ -190,22 +190,20 @@ KV_VALUES_PER_TOKEN = {
 def cpu_threads(cores: int | None = None) -> dict[str, int]:
     """OpenMP threads per CPU engine (RAG_ENGINE_THREADS sets one number for all).
 
-    The chat and embed all the cores, guard and score half each. An answer on CPU runs
-    the chat's prefill alone (the reranker is not called: rag/served.py), beside only
-    the 0.1 s input guard, and the prefill of ~550 new prompt tokens is what the first
-    shown word waits for; indexing runs embed alone. Measured on 2 cores (EPYC,
-    avx512_bf16), `rag ask`'s first shown word, p50 over the 20 dev questions on a
-    fresh stack: 1.53 s with a 2-thread chat, 1.85 s with a 1-thread one (chat first
-    token 1.0 against 1.4 s); whole answers 2.20 against 2.66 s. Where the reranker is
-    called beside the chat (RAG_RERANK_MODE=floor) they would fight over the cores
-    (first word 3.12 s beside a 2-thread reranker against 1.79 s with a core each), so
-    the server then tells clients not to overlap them (overlap_stages). A step of one
-    token runs on one thread all the same (rag/stack/engine_hooks.py CpuExecutor). Score
-    ranks 8 documents in 1.39 s with 1 thread against 1.25 s with 2."""
+    Chat, embed and score all the cores, the guard half. An answer on CPU runs its stages
+    one after another: embed the question, rerank the candidates (the MiniLM
+    cross-encoder), then the chat's prefill of ~550 new prompt tokens, which is what the
+    first shown word waits for, beside only the 0.1 s input guard; indexing runs embed
+    alone. Measured on 2 cores (EPYC, avx512_bf16), `rag ask`'s first shown word, p50
+    over the 20 dev questions on a fresh stack: 1.53 s with a 2-thread chat, 1.85 s with
+    a 1-thread one (chat first token 1.0 against 1.4 s). Since the chat takes every
+    core, the server tells clients not to overlap it with the reranker (overlap_stages).
+    A step of one token runs on one thread all the same (rag/stack/engine_hooks.py
+    CpuExecutor)."""
     cores = cores or len(os.sched_getaffinity(0))
     given = os.environ.get("RAG_ENGINE_THREADS")
     half = max(1, cores // 2)
-    out = {"chat": cores, "guard": half, "score": half, "embed": cores}
+    out = {"chat": cores, "guard": half, "score": cores, "embed": cores}
     return {role: int(given) if given else n for role, n in out.items()}
 
 
@@ -332,13 +330,12 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         engine_kwargs=common
         | {
             "runner": "pooling",
-            "convert": "classify",  # serves /v1/score: P("yes") to "does it answer?"
-            "hf_overrides": classifier,
-            "chat_template": str(TEMPLATES / "score_chatml.jinja"),  # query/document prompt
-            "max_model_len": 2048,
+            # A trained cross-encoder (rag/stack/heads.py): MiniLM with a relevance head,
+            # one sigmoid score per (query, passage) pair on /v1/score and /v1/rerank.
+            "convert": "classify",
+            "max_model_len": 512,  # a 256-token chunk and its question, with room to spare
             "max_num_seqs": 32,
-            # Prefill only, freed after each batch: 4k tokens hold a full batch (2048) twice.
-            "kv_cache_memory_bytes": 4 * 1024 * kv_bytes_per_token("score"),
+            "kv_cache_memory_bytes": 32 * MiB,  # an encoder: nothing is kept between requests
         },
     )
     return {"chat": chat, "guard": guard, "embed": embed, "score": score}

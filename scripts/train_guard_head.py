@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from rag.guard import NO_REPLY  # noqa: E402
 from rag.guard_eval import GuardCase, load_guard_cases, roc_auc  # noqa: E402
-from rag.stack.prepare import GUARD_HEADS  # noqa: E402
+from rag.stack.heads import GUARD_HEADS  # noqa: E402
 from rag.stack.profiles import CPU_MODEL_SETS, default_models_dir  # noqa: E402
 
 TEMPLATE = ROOT / "scripts" / "templates" / "guard_head.jinja"

@@ -16,6 +16,7 @@ import pytest
 from openai import BadRequestError, NotFoundError, OpenAI
 
 from rag.client import StackClient
+from rag.served import resolve
 from rag.settings import Settings
 from rag.stack.ingress import ROLES_ALLOWED
 from tests.conftest import Stack
@@ -102,9 +103,9 @@ def test_rerank_refuses_what_it_cannot_do(http: httpx.Client) -> None:
 # Every field some rerank shape defines, with a value that makes it do something.
 EVERY_FIELD = {
     "top_n": 2, "return_documents": True, "max_chunks_per_doc": 4,  # Cohere v1
-    "max_tokens_per_doc": 512, "priority": 3,  # Cohere v2 (and vLLM)
+    "max_tokens_per_doc": 256, "priority": 3,  # Cohere v2 (and vLLM)
     "return_embeddings": False,  # Jina
-    "max_tokens_per_query": 64, "truncate_prompt_tokens": 1024, "truncation_side": "right",  # vLLM
+    "max_tokens_per_query": 64, "truncate_prompt_tokens": 512, "truncation_side": "right",  # vLLM
     "use_activation": True, "user": "tests", "request_id": "rerank-every-field", "cache_salt": "salt-1",
 }  # fmt: skip
 
@@ -491,9 +492,15 @@ def test_metrics_port_serves_engine_and_serve_metrics_during_a_request(stack: St
 def test_the_server_says_which_guard_and_reranker_it_has(stack: Stack) -> None:
     with StackClient(settings_for(stack)) as client:
         facts = client.facts()
+        settled = resolve(settings_for(stack), client)
     assert facts["guard"]["guard_format"] == "score"  # the CPU profile's classifier on /v1/score
     # ... and the thresholds its trained head was calibrated for, which the client blocks at
     thresholds = facts["guard"]["guard_thresholds"]
     assert set(thresholds) == {"input", "output"} and all(0 < t < 1 for t in thresholds.values())
-    assert facts["score"]["reranker"] == "yes-no-llm"
+    # ... what its reranker is (the MiniLM cross-encoder trained here), the floor it was
+    # calibrated for and how much of each passage it reads; the client resolves them to
+    # not calling it for answers (it ranks worse than fused retrieval: rag/served.py)
+    assert facts["score"]["reranker"] == "small-cross-encoder" and 0 < facts["score"]["floor"] < 1
+    assert facts["score"]["max_tokens_per_doc"] == 160 and "MiniLM" in facts["score"]["model"]
+    assert settled.rerank_mode == "off" and settled.floor == facts["score"]["floor"]
     assert facts["chat"]["limits"]["batch"] > 0

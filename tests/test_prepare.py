@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rag.errors import ModelPrepError
+from rag.stack import heads
 from rag.stack import prepare as prep
 from rag.stack.prepare import MANIFEST, ModelSpec, Wheel, sha256_file, verify
 
@@ -142,10 +143,10 @@ def test_the_guard_folder_links_its_base_and_adds_the_head(
     (base / MANIFEST).write_text('{"files": {}}')
     head = tmp_path / "head.safetensors"
     head.write_bytes(b"head-1")
-    spec = prep.GuardHead("base-guard", "base", "Qwen2ForSequenceClassification")
-    monkeypatch.setattr(prep.GuardHead, "head", property(lambda self: head))
+    spec = heads.GuardHead("base-guard", "base", "Qwen2ForSequenceClassification")
+    monkeypatch.setattr(heads.GuardHead, "head", property(lambda self: head))
     logs: list[str] = []
-    folder = prep.prepare_head(spec, base, base.parent, logs.append)
+    folder = heads.prepare_head(spec, base, base.parent, logs.append)
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForSequenceClassification"] and config["hidden_size"] == 8
     assert config["id2label"] == {"0": "unsafe"}  # one label: vLLM scores it with a sigmoid
@@ -153,10 +154,10 @@ def test_the_guard_folder_links_its_base_and_adds_the_head(
         folder / "model.safetensors"
     ).read_bytes() == b"weights"
     assert (folder / "score.safetensors").read_bytes() == b"head-1" and (folder / MANIFEST).is_file()
-    prep.prepare_head(spec, base, base.parent, logs.append)
+    heads.prepare_head(spec, base, base.parent, logs.append)
     assert logs[-1] == f"base-guard: ready ({folder})"  # reused, not rebuilt
     head.write_bytes(b"head-2")  # a retrained head replaces the old one
-    prep.prepare_head(spec, base, base.parent, logs.append)
+    heads.prepare_head(spec, base, base.parent, logs.append)
     assert (folder / "score.safetensors").read_bytes() == b"head-2" and "the head" in logs[-1]
     assert sorted(p.name for p in base.parent.iterdir()) == ["base", "base-guard"]  # no temp folders left
 
@@ -166,7 +167,7 @@ def test_the_shipped_guard_head_matches_its_card_and_template() -> None:
 
     from tests.conftest import ROOT
 
-    for spec in prep.GUARD_HEADS.values():
+    for spec in heads.GUARD_HEADS.values():
         card = json.loads(spec.card.read_text())
         assert card["base"] == spec.base and spec.head.is_file()
         # a head is only valid with the prompt it was trained on

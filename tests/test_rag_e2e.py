@@ -19,7 +19,7 @@ from rag.guard import Verdict
 from rag.pipeline import Pipeline
 from rag.rerank import RERANK_MODES
 from rag.settings import Settings
-from rag.stack.prepare import GUARD_HEADS
+from rag.stack.heads import GUARD_HEADS
 from rag.store import load_index
 from tests.conftest import ROOT, Stack
 
@@ -122,7 +122,7 @@ def test_ask_answers_citing_the_right_file(indexed: dict[str, str]) -> None:
     assert "guard.md" in cited  # attached by the check, whatever the model marked
     stages = {"guard_in", "embed", "retrieve", "chat_first_token", "chat", "guard_out", "attribute"}
     assert stages <= set(a["timings"])
-    assert "rerank" not in a["timings"]  # the CPU reranker's scores would change nothing (rag/served.py)
+    assert "rerank" not in a["timings"]  # the CPU reranker's order is worse than fused (rag/served.py)
     # every sentence says what backs it: sources above the bar, or none
     assert a["sentences"] and all(x["support"] in SUPPORT for x in a["sentences"])
     assert a["cited"] == list(dict.fromkeys(n for x in a["sentences"] for n in x["sources"]))
@@ -237,6 +237,25 @@ def test_each_rerank_mode_orders_the_real_rerankers_scores_as_it_says(
     else:  # blend: reciprocal-rank fusion of both orders (k = 60)
         fused = {cid: 1 / (60 + ids.index(cid) + 1) + 1 / (60 + by_rerank.index(cid) + 1) for cid in ids[:n]}
         assert [h.chunk.id for h in head] == sorted(ids[:n], key=lambda cid: -fused[cid])
+
+
+def test_the_floor_the_server_published_refuses_an_off_topic_question_without_calling_chat(
+    indexed: dict[str, str],
+) -> None:
+    # Floor mode (RAG_RERANK_MODE=floor) at the trained reranker's calibrated floor, which
+    # the client reads from /v1/models: these score ~1 logit under it on this corpus.
+    env = {**indexed, "RAG_RERANK_MODE": "floor"}
+    for question in (
+        "How do I apply for a passport renewal?",
+        "How much water should a cactus get in winter?",
+    ):
+        code, out = _run(env, "ask", question, "--json")
+        assert code == 0, out
+        a = json.loads(out)
+        assert a["covered"] is False and a["blocked"] is None, a["answer"]
+        assert "rerank" in a["timings"] and "chat" not in a["timings"] and not a["sources"]
+    code, out = _run(env, "ask", "What exit code does rag ask use when the guard refuses?", "--json")
+    assert code == 0 and json.loads(out)["covered"], out  # an on-topic one passes it
 
 
 def _words(text: str) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 from rag.client import StackClient
 from rag.errors import ConfigError
 from rag.served import resolve
-from rag.settings import Settings
+from rag.settings import MIN_SCORE, Settings
 from rag.stack.profiles import ROLE_FACTS
 
 
@@ -61,12 +61,27 @@ def test_env_vars_still_override_without_asking(unset: Settings) -> None:
         guard_input_threshold=0.5,
         guard_output_threshold=0.6,
         overlap=False,
+        min_score=0.2,
     )
     with StackClient(chosen, transport=server(GPU, seen)) as client:
         assert resolve(chosen, client) == chosen
-        qwen3guard = dataclasses.replace(unset, guard_format="qwen3guard", rerank_mode="order", overlap=True)
+        qwen3guard = dataclasses.replace(
+            unset, guard_format="qwen3guard", rerank_mode="order", overlap=True, min_score=0.1
+        )
         assert resolve(qwen3guard, client) == qwen3guard  # needs no thresholds
+        off = dataclasses.replace(qwen3guard, rerank_mode="off", min_score=None)
+        assert resolve(off, client) == off  # no floor gates anything: nothing to ask
     assert seen == []
+
+
+def test_the_floor_is_the_servers_unless_set(unset: Settings) -> None:
+    served = {"score": {"reranker": "small-cross-encoder", "floor": 0.0138}}
+    with StackClient(unset, transport=server(CPU | served)) as client:
+        s = resolve(unset, client)
+        assert s.rerank_mode == "off" and s.floor == 0.0138
+        assert resolve(dataclasses.replace(unset, min_score=0.3), client).floor == 0.3
+    with StackClient(unset, transport=server(GPU)) as client:  # a server that names none
+        assert resolve(unset, client).floor == MIN_SCORE
 
 
 def test_a_score_guard_without_thresholds_takes_the_servers(unset: Settings) -> None:

@@ -111,17 +111,23 @@ def test_every_engine_has_a_bounded_queue_sized_from_its_batch_and_chat_has_tool
 
 
 @pytest.mark.parametrize(
-    ("cores", "given", "chat", "score", "overlap"),
+    ("cores", "given", "every", "guard", "overlap"),
     [(2, "", 2, 1, False), (8, "", 8, 4, False), (2, "1", 1, 1, True), (1, "", 1, 1, False)],
 )
 def test_cpu_chat_gets_every_core_and_overlaps_the_reranker_only_when_they_fit(
-    monkeypatch: pytest.MonkeyPatch, cores: int, given: str, chat: int, score: int, overlap: bool
+    monkeypatch: pytest.MonkeyPatch, cores: int, given: str, every: int, guard: int, overlap: bool
 ) -> None:
     module = _serve_module(monkeypatch, RAG_PROFILE="cpu", RAG_ENGINE_THREADS=given)
     monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: set(range(cores)))
     threads = module.cpu_threads()
-    assert (threads["chat"], threads["score"], threads["guard"]) == (chat, score, score)
-    assert threads["embed"] == (int(given) if given else cores)  # indexing runs it alone
+    # chat, embed and score run one after another in an answer (and embed alone while
+    # indexing): each takes every core; the guard, beside the chat, half
+    assert (threads["chat"], threads["embed"], threads["score"], threads["guard"]) == (
+        every,
+        every,
+        every,
+        guard,
+    )
     # An answer's prefill runs alone (the CPU reranker is not called): the chat takes all.
     assert module.overlap_stages("cpu") is overlap and module.overlap_stages("gpu") is True
     envs = {

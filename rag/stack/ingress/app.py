@@ -178,7 +178,16 @@ class RagIngress(OpenAiIngress):
 
     async def score(self, body: ScoreRequest, request: Request) -> Response:
         refused = self._only_chat(body.model) or self._check(body.model, lambda lim: check_score(body, lim))
-        return refused or await self.unless_busy(super().score(body, request))
+        return refused or await self.unless_busy(super().score(self._as_trained(body), request))
+
+    def _as_trained(self, body: ScoreRequest) -> ScoreRequest:
+        """`body` with each document cut where the reranker was trained to read it (its
+        `max_tokens_per_doc` fact, the CPU cross-encoder's 160 tokens), unless it says."""
+        card = self._model_cards.get(body.model or "")
+        trained = (card.metadata or {}).get("rag", {}).get("max_tokens_per_doc") if card else None
+        if not trained or body.max_tokens_per_doc:
+            return body
+        return body.model_copy(update={"max_tokens_per_doc": int(trained)})
 
     async def tokenize(self, body: TokenizeCompletionRequest, request: Request) -> Response:
         return await self.unless_busy(super().tokenize(body, request))
@@ -203,7 +212,7 @@ class RagIngress(OpenAiIngress):
         refused = self._check(body.model, lambda lim: check_score(score, lim, field="documents"))
         if refused:
             return refused
-        response = await self.unless_busy(super().score(score, request))
+        response = await self.unless_busy(super().score(self._as_trained(score), request))
         if response.status_code != 200 or not isinstance(response, JSONResponse):
             return response
         scored = json.loads(bytes(response.body))

@@ -109,7 +109,11 @@ class HandleEngines:
     def score(self, query: str, documents: Sequence[str], model: str | None = None) -> list[float]:
         if not documents:
             return []
-        body = ScoreRequest(model=model or self.settings.score_model, text_1=query, text_2=list(documents))
+        model = model or self.settings.score_model
+        trained = self._facts.get(model, {}).get("max_tokens_per_doc") or 0  # as the ingress cuts them
+        body = ScoreRequest(
+            model=model, text_1=query, text_2=list(documents), max_tokens_per_doc=int(trained)
+        )
         data = self._wait(self._first(body, "score")).data
         return [float(d.score) for d in sorted(data, key=lambda d: d.index)]
 
