@@ -191,12 +191,13 @@ def cpu_threads(cores: int | None = None) -> dict[str, int]:
     """OpenMP threads per CPU engine (RAG_ENGINE_THREADS sets one number for all).
 
     Chat, embed and score all the cores, the guard half. An answer on CPU runs its stages
-    one after another: embed the question, rerank the candidates (the MiniLM
-    cross-encoder), then the chat's prefill of ~550 new prompt tokens, which is what the
-    first shown word waits for, beside only the 0.1 s input guard; indexing runs embed
-    alone. Measured on 2 cores (EPYC, avx512_bf16), `rag ask`'s first shown word, p50
-    over the 20 dev questions on a fresh stack: 1.53 s with a 2-thread chat, 1.85 s with
-    a 1-thread one (chat first token 1.0 against 1.4 s). Since the chat takes every
+    one after another: embed the question, rerank the candidates where the client calls
+    the reranker (RAG_RERANK_MODE; by default it does not: rag/served.py), then the
+    chat's prefill of ~550 new prompt tokens, which is what the first shown word waits
+    for, beside only the 0.1 s input guard; indexing runs embed alone. Measured on 2
+    cores (EPYC, avx512_bf16), `rag ask`'s first shown word, p50 over the 20 dev
+    questions on a fresh stack: 1.53 s with a 2-thread chat, 1.85 s with a 1-thread one
+    (chat first token 1.0 against 1.4 s). Since the chat takes every
     core, the server tells clients not to overlap it with the reranker (overlap_stages).
     A step of one token runs on one thread all the same (rag/stack/engine_hooks.py
     CpuExecutor)."""
