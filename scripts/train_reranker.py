@@ -526,7 +526,7 @@ def main() -> None:
     if a.stop_after == "negatives":
         return
 
-    # Held out by page: a tenth of the pages' queries pick nothing but are reported.
+    # A tenth of the pages held out: their queries measure the model and set its floor.
     pages = sorted({chunks[r["pos"]].path for r in rows})
     held = set(random.Random(SEED + 1).sample(pages, len(pages) // 10))
     fit = [r for r in rows if chunks[r["pos"]].path not in held]
