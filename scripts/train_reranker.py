@@ -50,6 +50,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rag.chunk import Chunk, Chunker
+from rag.evaluate import RankStats
 from rag.index import parse
 from rag.ingest import scan
 from rag.retrieve import BM25, fuse
@@ -321,11 +322,6 @@ def score(model: Any, tok: Any, query: str, passages: Sequence[str]) -> list[flo
         return [float(x) for x in model(**pairs(tok, [query] * len(passages), passages)).logits.view(-1)]
 
 
-def _mrr(ranks: Sequence[int | None]) -> tuple[float, float]:
-    n = max(len(ranks), 1)
-    return sum(r == 1 for r in ranks) / n, sum(1 / r for r in ranks if r) / n
-
-
 def rank_metrics(
     rows: list[dict[str, Any]], chunks: Sequence[Chunk], model: Any, tok: Any
 ) -> dict[str, float]:
@@ -343,8 +339,8 @@ def rank_metrics(
         blended.append(next((n for n, j in enumerate(rrf, 1) if gold[j]), None))
     out = {}
     for name, ranks in (("fused", fused), ("order", ordered), ("blend", blended)):
-        r1, mrr = _mrr(ranks)
-        out |= {f"{name}_r1": round(r1, 4), f"{name}_mrr": round(mrr, 4)}
+        st = RankStats(list(ranks))  # rag eval's recall@1 and MRR
+        out |= {f"{name}_r1": round(st.recall(1), 4), f"{name}_mrr": round(st.mrr, 4)}
     return out
 
 
@@ -430,8 +426,8 @@ def accept(
         "score_s_per_20": round(per_query, 3),
     }
     for name, rs in ranks.items():
-        r1, mrr = _mrr(rs)
-        out |= {f"{name}_r1": round(r1, 4), f"{name}_mrr10": round(mrr, 4)}
+        st = RankStats(rs)
+        out |= {f"{name}_r1": round(st.recall(1), 4), f"{name}_mrr10": round(st.mrr, 4)}
     on_best, off_best = [max(s) for s in on_scores], [max(s) for s in off_scores]
     out["auc"] = round(roc_auc(on_best, off_best) or 0, 4)
     out["on_best"] = sorted(round(x, 2) for x in on_best)
