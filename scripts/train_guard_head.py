@@ -120,6 +120,26 @@ def threshold_for(pos: np.ndarray, neg: np.ndarray, tpr: float, fpr: float) -> t
     return t_tpr, f"the harmful bar ({100 * tpr:.0f}% blocked); the harmless bar is met"
 
 
+def capped_for_severe(t: float, severe: np.ndarray) -> tuple[float, str]:
+    """The threshold lowered, where needed, until no harmful case of a severe category
+    (cross-validated) passes: a miss there costs more than a false alarm anywhere."""
+    if not len(severe) or float(severe.min()) >= t:
+        return t, ""
+    return float(severe.min()), f"; lowered to {float(severe.min()):.4f} so no severe harmful case passes"
+
+
+def by_kind(p: np.ndarray, cases: list[GuardCase], t: float) -> dict[str, dict[str, int]]:
+    """Cases and blocked per label and kind (the taxonomy's categories and look-alikes)."""
+    out: dict[str, dict[str, int]] = {}
+    for score, c in zip(p, cases, strict=True):
+        row = out.setdefault(
+            f"{'harmful' if c.harmful else 'harmless'}/{c.kind or '-'}", {"cases": 0, "blocked": 0}
+        )
+        row["cases"] += 1
+        row["blocked"] += int(score >= t)
+    return dict(sorted(out.items()))
+
+
 def rates(p_pos: np.ndarray, p_neg: np.ndarray, t: float) -> dict[str, float]:
     return {
         "threshold": round(t, 4),
@@ -138,6 +158,10 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--tpr", type=float, default=0.9, help="harmful share each stage should block")
     ap.add_argument("--fpr", type=float, default=0.05, help="harmless share a stage may block at most")
+    ap.add_argument(
+        "--severe", default="child-sexual,hate",
+        help="kinds whose harmful cases must all be blocked (cross-validated); the threshold drops for them",
+    )  # fmt: skip
     ap.add_argument("--check", action="store_true", help="cross-validate and print; write nothing")
     ap.add_argument("--cache", type=Path, help="reuse the features saved here by a run on the same cases")
     args = ap.parse_args()
@@ -170,10 +194,15 @@ def main() -> None:
         sel = (stage == st) & original
         pos, neg = oof[sel & (y == 1)], oof[sel & (y == 0)]
         t, why = threshold_for(pos, neg, args.tpr, args.fpr)
+        severe_kinds = {k for k in args.severe.split(",") if k}
+        is_severe = np.array([c.kind in severe_kinds for c in train])
+        t, lowered = capped_for_severe(t, oof[sel & (y == 1) & is_severe])
+        why += lowered
         thresholds[st] = round(t, 4)
         auc = roc_auc(list(pos), list(neg)) or 0.0
         r = {"harmful": len(pos), "harmless": len(neg), "roc_auc": round(auc, 4)} | rates(pos, neg, t)
         r["chosen_by"] = why
+        r["by_kind"] = by_kind(oof[sel], [c for c, keep in zip(train, sel, strict=True) if keep], t)
         report[st] = r
         tpr, fpr = 100 * r["true_positive_rate"], 100 * r["false_positive_rate"]
         print(
@@ -203,7 +232,7 @@ def main() -> None:
         "trained_on": {"cases": len(cases), "with_redaction_free_copies": len(train)},
         "dtype": args.dtype,
         "l2": args.l2,
-        "bars": {"true_positive_rate": args.tpr, "false_positive_rate": args.fpr},
+        "bars": {"true_positive_rate": args.tpr, "false_positive_rate": args.fpr, "severe": args.severe},
         "thresholds": thresholds,
         "cross_validated": report,
         "trained": datetime.date.today().isoformat(),

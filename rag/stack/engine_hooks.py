@@ -9,7 +9,9 @@ of the serve module. `Engine` serves both profiles; `LocalWeights` and
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from ray.llm._internal.common.callbacks.base import CallbackBase
@@ -109,7 +111,12 @@ class CpuExecutor(UniProcExecutor):
         # warning (cpu_worker.py, init_device): keep the real one from before it does.
         self._set_threads = torch.set_num_threads
         self._threads = self._now = torch.get_num_threads()
-        super()._init_executor()
+        with _one_gloo_group():
+            super()._init_executor()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        _forget_shared_group()
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
         want = 1 if scheduler_output.total_num_scheduled_tokens <= 1 else self._threads
@@ -117,3 +124,50 @@ class CpuExecutor(UniProcExecutor):
             self._set_threads(want)  # this thread runs the model: run_method, not a pool
             self._now = want
         return super().execute_model(scheduler_output, non_block)
+
+
+# A single-rank engine's process groups, all one: see _one_gloo_group.
+_SHARED: list[Any] = []
+
+
+@contextlib.contextmanager
+def _one_gloo_group() -> Iterator[None]:
+    """Every process group vLLM creates while the worker starts is the default one.
+
+    A vLLM worker builds two gloo groups for each of its parallel dimensions (tensor,
+    pipeline, data, expert, ...), 15 event loop threads in all (vLLM 0.29), even at one
+    rank, where no collective ever runs. Each loop wakes every 10 ms, so an idle
+    engine took 0.5 s of CPU per 30 s, four of them 2.0 s, on the two cores the chat
+    computes on (2-core EPYC; with one group, under 0.3 s each). At one rank every
+    group holds the one process, as the default group does, so vLLM gets that one.
+    """
+    import torch.distributed as dist
+
+    new_group = dist.new_group
+
+    def shared(*args: Any, **kwargs: Any) -> Any:
+        if dist.get_world_size() != 1:
+            return new_group(*args, **kwargs)
+        _SHARED.append(dist.group.WORLD)
+        return dist.group.WORLD
+
+    dist.new_group = shared
+    try:
+        yield
+    finally:
+        dist.new_group = new_group
+
+
+def _forget_shared_group() -> None:
+    """Let vLLM's teardown destroy the default group once, not once per alias of it
+    (a second destroy raises "Invalid process group specified")."""
+    if not _SHARED:
+        return
+    from vllm.distributed import parallel_state
+
+    for coordinator in vars(parallel_state).values():
+        if isinstance(coordinator, parallel_state.GroupCoordinator):
+            for name in ("device_group", "cpu_group"):
+                if getattr(coordinator, name, None) is _SHARED[0]:
+                    delattr(coordinator, name)
+    _SHARED.clear()
