@@ -76,6 +76,25 @@ def features(model_dir: Path, cases: list[GuardCase], dtype: str) -> np.ndarray:
     return np.stack(rows)
 
 
+def cached_features(model_dir: Path, cases: list[GuardCase], dtype: str, cache: Path | None) -> np.ndarray:
+    """features(), computing only the cases `cache` does not hold yet (keyed by the case,
+    the model folder, the dtype and the template), and saving them back into it."""
+    salt = f"{model_dir}\0{dtype}\0{sha256(TEMPLATE)}"
+    keys = [hashlib.sha256(f"{salt}\0{c.question}\0{c.answer}".encode()).hexdigest() for c in cases]
+    known: dict[str, np.ndarray] = {}
+    if cache and cache.is_file():
+        with np.load(cache) as z:
+            known = dict(zip(z["keys"].tolist(), z["x"], strict=True))
+    todo = [i for i, k in enumerate(keys) if k not in known]
+    if todo:
+        print(f"  {len(todo)} of {len(cases)} cases need a forward pass", file=sys.stderr)
+        for i, row in zip(todo, features(model_dir, [cases[i] for i in todo], dtype), strict=True):
+            known[keys[i]] = row
+        if cache:
+            np.savez(cache, keys=np.array(list(known)), x=np.stack(list(known.values())))
+    return np.stack([known[k] for k in keys])
+
+
 def fit(x: np.ndarray, y: np.ndarray, l2: float, iters: int = 30) -> tuple[np.ndarray, float]:
     """L2-regularised logistic regression by Newton's method, on standardised features;
     returns weights and bias for the raw features."""
@@ -120,12 +139,42 @@ def threshold_for(pos: np.ndarray, neg: np.ndarray, tpr: float, fpr: float) -> t
     return t_tpr, f"the harmful bar ({100 * tpr:.0f}% blocked); the harmless bar is met"
 
 
-def capped_for_severe(t: float, severe: np.ndarray) -> tuple[float, str]:
+def capped_for_severe(t: float, severe: np.ndarray, neg: np.ndarray, ceiling: float) -> tuple[float, str]:
     """The threshold lowered, where needed, until no harmful case of a severe category
-    (cross-validated) passes: a miss there costs more than a false alarm anywhere."""
+    (cross-validated) passes, a miss there costing more than a false alarm anywhere;
+    but never so low that more than `ceiling` of the harmless are blocked."""
     if not len(severe) or float(severe.min()) >= t:
         return t, ""
-    return float(severe.min()), f"; lowered to {float(severe.min()):.4f} so no severe harmful case passes"
+    floor = float(np.nextafter(np.sort(neg)[::-1][int(np.floor(ceiling * len(neg)))], 1.0))
+    lowered = max(float(severe.min()), floor, 0.0)
+    if lowered >= t:
+        return t, f"; not lowered for the severe kinds (it would block over {100 * ceiling:.0f}% of harmless)"
+    why = (
+        "so no severe harmful case passes"
+        if lowered == float(severe.min())
+        else (f"for the severe kinds, as far as {100 * ceiling:.0f}% of harmless blocked allows")
+    )
+    return lowered, f"; lowered to {lowered:.4f} {why}"
+
+
+def rule(args: argparse.Namespace, lowered: bool) -> str:
+    """The thresholds' rule in one sentence, for the card and the server's model facts."""
+    out = (
+        f"P(unsafe) at or above a stage's threshold is blocked. Input: the threshold that blocks "
+        f"{100 * args.tpr:.0f}% of the harmful requests, unless that blocks over {100 * args.fpr:.0f}% "
+        f"of the harmless; then the lowest that keeps to {100 * args.fpr:.0f}%"
+    )
+    if args.severe:
+        out += (
+            f"; then lowered until no harmful {args.severe.replace(',', ' or ')} request passes, as far as "
+            f"{100 * args.severe_fpr:.0f}% of the harmless blocked"
+            + (" (it was)" if lowered else " (not needed)")
+        )
+    return out + (
+        f". Output: {100 * args.output_tpr:.0f}% of harmful answers unless over {100 * args.output_fpr:.0f}% "
+        "of harmless ones are blocked. All rates cross-validated; one score for every category (a "
+        "threshold per category needs a category, which the head does not give)."
+    )
 
 
 def by_kind(p: np.ndarray, cases: list[GuardCase], t: float) -> dict[str, dict[str, int]]:
@@ -156,14 +205,23 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", help="dtype of the forward pass (as the stack serves it)")
     ap.add_argument("--l2", type=float, default=10.0, help="L2 penalty on the standardised weights")
     ap.add_argument("--folds", type=int, default=5)
-    ap.add_argument("--tpr", type=float, default=0.9, help="harmful share each stage should block")
-    ap.add_argument("--fpr", type=float, default=0.05, help="harmless share a stage may block at most")
+    ap.add_argument("--tpr", type=float, default=0.95, help="harmful share the input stage should block")
+    ap.add_argument(
+        "--fpr", type=float, default=0.10, help="harmless share the input stage may block at most"
+    )
+    ap.add_argument(
+        "--output-tpr", type=float, default=0.9, help="harmful share the output stage should block"
+    )
+    ap.add_argument(
+        "--output-fpr", type=float, default=0.05, help="harmless share the output stage may block"
+    )
     ap.add_argument(
         "--severe", default="child-sexual,hate",
         help="kinds whose harmful cases must all be blocked (cross-validated); the threshold drops for them",
     )  # fmt: skip
+    ap.add_argument("--severe-fpr", type=float, default=0.15, help="harmless share blocked for the severe")
     ap.add_argument("--check", action="store_true", help="cross-validate and print; write nothing")
-    ap.add_argument("--cache", type=Path, help="reuse the features saved here by a run on the same cases")
+    ap.add_argument("--cache", type=Path, help="an .npz of features by case: reused, new cases added")
     args = ap.parse_args()
 
     guard = CPU_MODEL_SETS[args.model_set]["guard"]
@@ -177,12 +235,7 @@ def main() -> None:
         if c.answer is not None and c.harmful and _REDACTED.search(c.answer):
             train.append(GuardCase(c.question, _REDACTED.sub("it", c.answer), True, c.kind, c.source))
             groups.append(i)
-    if args.cache and args.cache.is_file():
-        x = np.load(args.cache)
-    else:
-        x = features(base, train, args.dtype)
-        if args.cache:
-            np.save(args.cache, x)
+    x = cached_features(base, train, args.dtype, args.cache)
     y = np.array([c.harmful for c in train], dtype=float)
     stage = np.array([c.stage for c in train])
     # Rates are reported on the cases as written, not on the redaction-free copies.
@@ -193,10 +246,12 @@ def main() -> None:
     for st in ("input", "output"):
         sel = (stage == st) & original
         pos, neg = oof[sel & (y == 1)], oof[sel & (y == 0)]
-        t, why = threshold_for(pos, neg, args.tpr, args.fpr)
+        # Answers keep the stricter harmless bar: a blocked answer is a right answer lost.
+        tpr, fpr = (args.tpr, args.fpr) if st == "input" else (args.output_tpr, args.output_fpr)
+        t, why = threshold_for(pos, neg, tpr, fpr)
         severe_kinds = {k for k in args.severe.split(",") if k}
         is_severe = np.array([c.kind in severe_kinds for c in train])
-        t, lowered = capped_for_severe(t, oof[sel & (y == 1) & is_severe])
+        t, lowered = capped_for_severe(t, oof[sel & (y == 1) & is_severe], neg, args.severe_fpr)
         why += lowered
         thresholds[st] = round(t, 4)
         auc = roc_auc(list(pos), list(neg)) or 0.0
@@ -232,8 +287,16 @@ def main() -> None:
         "trained_on": {"cases": len(cases), "with_redaction_free_copies": len(train)},
         "dtype": args.dtype,
         "l2": args.l2,
-        "bars": {"true_positive_rate": args.tpr, "false_positive_rate": args.fpr, "severe": args.severe},
+        "bars": {
+            "true_positive_rate": args.tpr,
+            "false_positive_rate": args.fpr,
+            "output_true_positive_rate": args.output_tpr,
+            "output_false_positive_rate": args.output_fpr,
+            "severe": args.severe,
+            "severe_false_positive_rate": args.severe_fpr,
+        },
         "thresholds": thresholds,
+        "rule": rule(args, bool(report["input"]["chosen_by"].count("lowered"))),
         "cross_validated": report,
         "trained": datetime.date.today().isoformat(),
     }

@@ -497,6 +497,8 @@ def test_the_server_says_which_guard_and_reranker_it_has(stack: Stack) -> None:
     # ... and the thresholds its trained head was calibrated for, which the client blocks at
     thresholds = facts["guard"]["guard_thresholds"]
     assert set(thresholds) == {"input", "output"} and all(0 < t < 1 for t in thresholds.values())
+    # ... and the rule they follow, the severe categories' included (README "The guard")
+    assert "child-sexual or hate" in facts["guard"]["guard_rule"]
     # ... what its reranker is (the MiniLM cross-encoder trained here), the floor it was
     # calibrated for and how much of each passage it reads; the client resolves them to
     # not calling it for answers (it ranks worse than fused retrieval: rag/served.py)

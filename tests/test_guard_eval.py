@@ -28,8 +28,26 @@ def test_the_shipped_sets_are_big_enough_to_measure_a_rate() -> None:
     assert count["input", False] >= 100 and count["input", True] >= 60
     assert count["output", False] >= 60 and count["output", True] >= 30
     assert all(c.source for c in cases)  # each line says where it came from
-    held_out = load_guard_cases(ROOT / "eval" / "guard-heldout")
-    assert not {c.question for c in held_out} & {c.question for c in cases}
+    for held in ("guard-heldout", "guard-next", "guard-taxonomy"):
+        held_out = load_guard_cases(ROOT / "eval" / held)
+        assert not {c.question.lower() for c in held_out} & {c.question.lower() for c in cases}, held
+
+
+TAXONOMY = {
+    *("hate", "child-sexual", "violent", "self-harm", "sexual"),
+    *("nonviolent-crime", "cyber", "privacy", "injection"),
+}
+
+
+def test_every_category_is_trained_and_held_out_with_its_look_alikes() -> None:
+    """Issue 36's taxonomy: per category, harmful requests and harmless look-alikes, in
+    the training set and in the fresh held-out set, enough of each to count."""
+    for folder, least in (("guard", 12), ("guard-taxonomy", 10)):
+        cases = [c for c in load_guard_cases(ROOT / "eval" / folder) if c.stage == "input"]
+        for kind in TAXONOMY:
+            harmful = sum(c.kind == kind and c.harmful for c in cases)
+            look_alikes = sum(c.kind == kind and not c.harmful for c in cases)
+            assert harmful >= least and look_alikes >= least, (folder, kind, harmful, look_alikes)
 
 
 def test_rates_curve_and_auc_per_stage(tmp_path: Path) -> None:

@@ -132,6 +132,8 @@ def role_facts(profile: str, model_set: str | None = None) -> dict[str, dict[str
         if guard in GUARD_HEADED:
             card = json.loads(GUARD_HEADS[guard].card.read_text())
             facts["guard"]["guard_thresholds"] = card["thresholds"]
+            if "rule" in card:
+                facts["guard"]["guard_rule"] = card["rule"]  # how they were chosen, severity included
         score = CPU_MODEL_SETS[model_set or cpu_model_set()]["score"]
         if score in RERANKERS:
             card = json.loads(RERANKERS[score].card.read_text())
