@@ -42,6 +42,7 @@ from rag.stack.profiles import (
 )
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+DEPLOY_FILE = Path(__file__).resolve().parent.parent / "inference.yaml"  # its replicas: block
 MiB = 1 << 20
 
 
@@ -63,18 +64,20 @@ def _two_token_classifier(arch: str) -> dict[str, Any]:
     }
 
 
-def _deployment(batch: int, retry_after_s: float) -> dict[str, Any]:
-    """One replica per engine, with a bounded queue in front of it.
+def _deployment(role: str, batch: int, retry_after_s: float) -> dict[str, Any]:
+    """The replicas inference.yaml asks for `role` (one, fixed, where it says nothing:
+    rag/stack/descriptor.py), each with a bounded queue in front of it.
 
-    The card (or the CPU) has room for exactly one replica of each. Serve lets one
-    engine batch of requests in (`max_ongoing_requests` = the engine's max_num_seqs;
-    Serve's default of 5 would starve a batching engine) and one more batch wait;
-    beyond that a request is refused with 429 and Retry-After (rag/stack/ingress/)
+    Serve lets one engine batch of requests in (`max_ongoing_requests` = the engine's
+    max_num_seqs; Serve's default of 5 would starve a batching engine) and one more batch
+    wait; beyond that a request is refused with 429 and Retry-After (rag/stack/ingress/)
     instead of waiting minutes behind an overload (Ray's LLM default queue is unbounded).
     """
+    from rag.stack.descriptor import replicas_for
+
     max_ongoing_requests = batch
     return {
-        "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
+        "autoscaling_config": replicas_for(role, DEPLOY_FILE).autoscaling_config(batch),
         "max_ongoing_requests": max_ongoing_requests,
         "max_queued_requests": batch,
         "backpressure_config": {"status_code": 429, "retry_after_s": retry_after_s},
@@ -114,7 +117,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
 
     chat = LLMConfig(
         model_loading_config={"model_id": "chat", "model_source": "Qwen/Qwen3-4B-Instruct-2507-FP8"},
-        deployment_config=_deployment(batch=32, retry_after_s=2),
+        deployment_config=_deployment("chat", batch=32, retry_after_s=2),
         placement_group_config=placement("chat"),
         accelerator_type=None,  # any card with 24 GB; pinning a type only blocks scheduling
         runtime_env={"env_vars": ENGINE_CLS | hf_token()},
@@ -128,7 +131,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
     )
     guard = LLMConfig(
         model_loading_config={"model_id": "guard", "model_source": "Qwen/Qwen3Guard-Gen-4B"},
-        deployment_config=_deployment(batch=32, retry_after_s=1),
+        deployment_config=_deployment("guard", batch=32, retry_after_s=1),
         placement_group_config=placement("guard"),
         accelerator_type=None,
         runtime_env={"env_vars": ENGINE_CLS | hf_token()},
@@ -142,7 +145,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
     )
     embed = LLMConfig(
         model_loading_config={"model_id": "embed", "model_source": "BAAI/bge-small-en-v1.5"},
-        deployment_config=_deployment(batch=64, retry_after_s=1),
+        deployment_config=_deployment("embed", batch=64, retry_after_s=1),
         placement_group_config=placement("embed"),
         accelerator_type=None,
         runtime_env={"env_vars": ENGINE_CLS | hf_token()},
@@ -158,7 +161,7 @@ def _gpu_configs() -> dict[str, LLMConfig]:
     )
     score = LLMConfig(
         model_loading_config={"model_id": "score", "model_source": "BAAI/bge-reranker-base"},
-        deployment_config=_deployment(batch=64, retry_after_s=1),
+        deployment_config=_deployment("score", batch=64, retry_after_s=1),
         placement_group_config=placement("score"),
         accelerator_type=None,
         runtime_env={"env_vars": ENGINE_CLS | hf_token()},
@@ -270,7 +273,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     chat = LLMConfig(
         model_loading_config={"model_id": "chat", "model_source": folders["chat"]},
         # A 64-token answer takes 3-8 s on 2 cores: a refused caller waits one of them.
-        deployment_config=_deployment(batch=64, retry_after_s=5),
+        deployment_config=_deployment("chat", batch=64, retry_after_s=5),
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env("chat"),
@@ -290,7 +293,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     headed = CPU_MODEL_SETS[model_set]["guard"] in GUARD_HEADED
     guard = LLMConfig(
         model_loading_config={"model_id": "guard", "model_source": folders["guard"]},
-        deployment_config=_deployment(batch=32, retry_after_s=2),
+        deployment_config=_deployment("guard", batch=32, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env("guard"),
@@ -308,7 +311,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     )
     embed = LLMConfig(
         model_loading_config={"model_id": "embed", "model_source": folders["embed"]},
-        deployment_config=_deployment(batch=64, retry_after_s=2),
+        deployment_config=_deployment("embed", batch=64, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env("embed"),
@@ -324,7 +327,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     )
     score = LLMConfig(
         model_loading_config={"model_id": "score", "model_source": folders["score"]},
-        deployment_config=_deployment(batch=32, retry_after_s=2),
+        deployment_config=_deployment("score", batch=32, retry_after_s=2),
         placement_group_config=placement(),
         callback_config=local,
         runtime_env=runtime_env("score"),

@@ -244,6 +244,32 @@ ERRORS: list[tuple[str, Edit, str]] = [
     ),
     ("yaml-not-parseable", replace(YAML, "vllm:\n", "vllm: [\n"), "not valid YAML"),
     ("yaml-typo-key", replace(YAML, "vllm:", "vlm:"), "did you mean `vllm`"),
+    ("profile-unknown", replace(YAML, "profile: gpu", "profile: tpu"), "'tpu' is not a known value"),
+    (
+        "share-not-a-number",
+        replace(YAML, "gpu_memory_gib: 24", "gpu_memory_gib: lots"),
+        "`resources.gpu_memory_gib`: 'lots' is not allowed",
+    ),
+    (
+        "parallel-size-zero",
+        replace(YAML, "tensor_parallel_size: 1", "tensor_parallel_size: 0"),
+        "`vllm.tensor_parallel_size`: 0 is not allowed (input should be greater than 0)",
+    ),
+    (
+        "replicas-unknown-role",
+        replace(YAML, "vllm:\n", "replicas:\n  chatt: {max: 2}\nvllm:\n"),
+        "`replicas.chatt`: 'chatt' is not a known role; use 'chat', 'guard', 'embed' or 'score'",
+    ),
+    (
+        "replicas-min-above-max",
+        replace(YAML, "vllm:\n", "replicas:\n  chat: {min: 3, max: 2}\nvllm:\n"),
+        "`replicas.chat`: min (3) is above max (2)",
+    ),
+    (
+        "replicas-typo-key",
+        replace(YAML, "vllm:\n", "replicas:\n  chat: {maxx: 2}\nvllm:\n"),
+        "did you mean `replicas.chat.max`",
+    ),
     ("yaml-without-module", replace(YAML, "  module: serve_module", "  modul: serve_module"), "model.module"),
     (
         "vllm-unknown-key",
@@ -269,3 +295,50 @@ def test_unusable_deploy_is_a_config_error(repo: Path, edit: Edit, needle: str) 
 def test_missing_yaml_says_where_to_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         check(tmp_path / "inference.yaml")
+
+
+def test_replicas_come_from_inference_yaml_and_must_fit_the_cards(repo: Path) -> None:
+    """inference.yaml's `replicas:` reaches the serve module's deployments, and rag check
+    packs the most replicas allowed onto `resources.gpus` cards before Ray is asked."""
+    from rag.stack.preflight import load_configs
+
+    replace(YAML, "vllm:\n", "replicas:\n  chat: {min: 1, max: 2}\nvllm:\n")(repo)
+    configs = load_configs(repo / MODULE, "gpu")
+    assert configs["chat"].deployment_config["autoscaling_config"] == {
+        "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 16.0,
+    }  # fmt: skip
+    assert configs["guard"].deployment_config["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 1}
+    report = check(repo / "inference.yaml")  # two chats (0.32 each) and a set do not fit one card
+    assert [f.rule for f in report.findings] == ["replicas-fit-cards"], report.findings
+    assert "raise `resources.gpus`" in report.findings[0].message
+    replace(YAML, "gpu_memory_gib: 24", "gpu_memory_gib: 24\n  gpus: 2")(repo)
+    report = check(repo / "inference.yaml")
+    assert report.ok, report.findings
+    assert any(n.rule == "replicas-fit-cards" and "card 1: chat" in n.message for n in report.notes)
+
+
+def test_packing_never_splits_an_engine_or_overfills_a_card() -> None:
+    from rag.stack.preflight import pack
+
+    shares = {"chat": 0.32, "guard": 0.40, "embed": 0.06, "score": 0.06}
+    one = dict.fromkeys(shares, 1)
+    assert pack(shares, one, 1) == [["guard", "chat", "score", "embed"]]
+    assert pack(shares, one | {"chat": 2}, 1) is None
+    assert pack(shares, one | {"chat": 2}, 2) == [["guard", "chat", "score", "embed"], ["chat"]]
+    two = pack(shares, dict.fromkeys(shares, 2), 2)  # two full sets on two cards, one guard each
+    assert two is not None and sorted(card.count("guard") for card in two) == [1, 1]
+    assert pack(shares, one | {"guard": 3}, 2) == [["guard", "guard"], ["guard", "chat", "score", "embed"]]
+    assert pack(shares, one | {"guard": 4}, 2) is None  # 0.40 x 4 + the rest: a third card
+
+
+def test_the_edge_admits_a_batch_and_a_queue_per_replica_it_may_have(repo: Path) -> None:
+    """Two chat replicas hold twice the requests of one: the front door's count follows
+    inference.yaml's `replicas.chat.max` (Serve's own bound per replica stays behind)."""
+    from rag.stack.ingress.app import _capacity
+    from rag.stack.preflight import load_configs
+
+    one = _capacity(load_configs(repo / MODULE, "gpu")["chat"])
+    replace(YAML, "vllm:\n", "replicas:\n  chat: {min: 1, max: 2}\nvllm:\n")(repo)
+    two = _capacity(load_configs(repo / MODULE, "gpu")["chat"])
+    assert one is not None and two is not None
+    assert (one.requests, two.requests) == (64, 128) and one.retry_after_s == two.retry_after_s

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import difflib
 import importlib.util
 import os
 import sys
@@ -23,11 +22,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
-
 from rag.errors import ConfigError
 from rag.guard import CHAT_GUARD_FORMATS
+from rag.stack import descriptor
 from rag.stack.budget import EngineBudget, GiB, ModelFacts, engine_budget, load_facts, load_tool_parsers
+from rag.stack.profiles import ROLES
 
 __all__ = [
     "MAX_TOTAL_SHARE",
@@ -39,6 +38,7 @@ __all__ = [
     "gated_without_token",
     "load_configs",
     "load_deploy",
+    "pack",
 ]
 
 # Four CUDA contexts and the allocator's slack live outside the engines' shares.
@@ -46,8 +46,6 @@ MAX_TOTAL_SHARE = 0.85
 PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size")
 PERMISSIVE_LICENSES = ("apache-2.0", "mit")
 TOKEN_ENV = "HF_TOKEN"  # what huggingface_hub reads in each replica to download a gated model
-YAML_KEYS = {"name", "description", "model", "resources", "vllm"}
-MODEL_KEYS = {"module", "profile"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +66,8 @@ class Deploy:
     profile: str
     gpu_memory_gib: float
     vllm: dict[str, Any]
+    gpus: int = 1
+    replicas: dict[str, descriptor.Replicas] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,62 +91,27 @@ class Report:
         self.notes.append(Finding(rule, message))
 
 
-def _suggest(word: str, options: set[str]) -> str:
-    close = difflib.get_close_matches(word, sorted(options), n=1)
-    return f" (did you mean `{close[0]}`?)" if close else ""
-
-
 def load_deploy(path: Path) -> Deploy:
-    """Parse and validate inference.yaml's shape; raise ConfigError saying how to fix it."""
-    if not path.is_file():
-        raise ConfigError(f"{path} not found; run from the repository root or pass --file")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must be a mapping with at least `model: {{module: ...}}`")
-    for key in raw:
-        if key not in YAML_KEYS:
-            raise ConfigError(
-                f"{path}: unknown key `{key}`{_suggest(str(key), YAML_KEYS)}; "
-                f"allowed: {', '.join(sorted(YAML_KEYS))}"
-            )
-    model = raw.get("model")
-    if not isinstance(model, dict) or not isinstance(model.get("module"), str):
-        raise ConfigError(f"{path}: set `model.module` to a file under scripts/ (e.g. serve_module)")
-    for key in model:
-        if key not in MODEL_KEYS:
-            raise ConfigError(f"{path}: unknown key `model.{key}`{_suggest(str(key), MODEL_KEYS)}")
+    """Parse and validate inference.yaml (rag/stack/descriptor.py); ConfigError saying how to fix it."""
+    spec = descriptor.read(path)
     scripts = path.parent / "scripts"
-    name = model["module"].removeprefix("scripts/").removesuffix(".py").replace(".", "/")
+    name = spec.model.module.removeprefix("scripts/").removesuffix(".py").replace(".", "/")
     module_path = scripts / f"{name}.py"
     if not module_path.is_file():
         have = sorted(p.stem for p in scripts.glob("*.py")) if scripts.is_dir() else []
         raise ConfigError(
-            f"{path}: model.module `{model['module']}` matches no file under {scripts}/"
+            f"{path}: model.module `{spec.model.module}` matches no file under {scripts}/"
             + (f"; modules there: {', '.join(have)}" if have else "")
         )
-    profile = str(model.get("profile", "gpu"))
-    if profile not in ("cpu", "gpu"):
-        raise ConfigError(f"{path}: model.profile must be `cpu` or `gpu`, not `{profile}`")
-    resources = raw.get("resources") or {}
-    vllm = raw.get("vllm") or {}
-    if not isinstance(resources, dict) or not isinstance(vllm, dict):
-        raise ConfigError(f"{path}: `resources` and `vllm` must be mappings")
-    for key in vllm:
-        if key not in PARALLEL_KEYS:
-            raise ConfigError(
-                f"{path}: unknown key `vllm.{key}`{_suggest(str(key), set(PARALLEL_KEYS))}; "
-                f"the vllm block mirrors {' and '.join(PARALLEL_KEYS)}"
-            )
     return Deploy(
         path=path,
-        module=model["module"],
+        module=spec.model.module,
         module_path=module_path,
-        profile=profile,
-        gpu_memory_gib=float(resources.get("gpu_memory_gib", 24)),
-        vllm=dict(vllm),
+        profile=spec.model.profile,
+        gpu_memory_gib=spec.resources.gpu_memory_gib,
+        vllm=spec.vllm.model_dump(exclude_none=True),
+        gpus=spec.resources.gpus,
+        replicas={role: spec.replicas_of(role) for role in ROLES},
     )
 
 
@@ -340,6 +305,68 @@ def _check_gpu_budget(report: Report, deploy: Deploy, configs: dict[str, Any]) -
         )
 
 
+def _check_replicas(report: Report, deploy: Deploy, configs: dict[str, Any]) -> None:
+    """Each config scales as inference.yaml's `replicas:` asks (the serve module reads
+    them; a config that sets its own autoscaling_config has drifted)."""
+    for role, cfg in configs.items():
+        asked = deploy.replicas.get(role, descriptor.Replicas())
+        scaling = (cfg.deployment_config or {}).get("autoscaling_config") or {}
+        have = (scaling.get("min_replicas"), scaling.get("max_replicas"))
+        if have != (asked.min, asked.max):
+            report.add(
+                "replicas-mirror",
+                f"config `{role}` runs {have[0]}-{have[1]} replicas but {deploy.path.name} asks "
+                f"{asked.min}-{asked.max}; let the serve module's `_deployment` read them",
+            )
+
+
+def pack(shares: Mapping[str, float], replicas: Mapping[str, int], cards: int) -> list[list[str]] | None:
+    """A layout of the engines on `cards` cards, no engine split across two and no card
+    past MAX_TOTAL_SHARE of its memory; None if none exists (an exact search: a few
+    dozen engines at most). Ray places each engine's fractional-GPU bundle on one card."""
+    items = sorted(((sh, role) for role, sh in shares.items() for _ in range(replicas[role])), reverse=True)
+    loads = [0.0] * cards
+    layout: list[list[str]] = [[] for _ in range(cards)]
+
+    def place(i: int) -> bool:
+        if i == len(items):
+            return True
+        share, role = items[i]
+        tried: set[float] = set()
+        for card in range(cards):
+            if loads[card] in tried or loads[card] + share > MAX_TOTAL_SHARE + 1e-9:
+                continue  # a card loaded like one already tried fails the same way
+            tried.add(loads[card])
+            loads[card] += share
+            layout[card].append(role)
+            if place(i + 1):
+                return True
+            loads[card] -= share
+            layout[card].pop()
+        return False
+
+    return layout if place(0) else None
+
+
+def _check_packing(report: Report, deploy: Deploy, configs: dict[str, Any]) -> None:
+    """The most replicas inference.yaml allows, each engine its share of a card, fit the
+    deploy's `resources.gpus` cards: proved on paper before Ray is asked."""
+    kwargs = {role: dict(cfg.engine_kwargs or {}) for role, cfg in configs.items()}
+    shares = {role: float(kw.get("gpu_memory_utilization") or 0) for role, kw in kwargs.items()}
+    most = {role: deploy.replicas.get(role, descriptor.Replicas()).max for role in configs}
+    layout = pack(shares, most, deploy.gpus)
+    wanted = ", ".join(f"{most[r]} x {r} ({shares[r]:g})" for r in configs)
+    if layout is None:
+        report.add(
+            "replicas-fit-cards",
+            f"{wanted} do not fit {deploy.gpus} card(s) of {deploy.gpu_memory_gib:g} GiB at most "
+            f"{MAX_TOTAL_SHARE} of each; lower `replicas.<role>.max` or raise `resources.gpus`",
+        )
+    elif deploy.gpus > 1 or any(n > 1 for n in most.values()):
+        cards = "; ".join(f"card {i}: {', '.join(roles) or 'empty'}" for i, roles in enumerate(layout))
+        report.note("replicas-fit-cards", f"{wanted} fit {deploy.gpus} card(s): {cards}")
+
+
 def _model(cfg: Any) -> str:
     return str(cfg.model_loading_config.model_source or cfg.model_id)
 
@@ -452,7 +479,9 @@ def check(path: Path) -> Report:
     for role, cfg in configs.items():
         _check_config(report, role, cfg)
     _check_parallel(report, deploy, configs)
+    _check_replicas(report, deploy, configs)
     if deploy.profile == "gpu":
         _check_gpu_budget(report, deploy, configs)
+        _check_packing(report, deploy, configs)
         _check_models(report, configs)
     return report

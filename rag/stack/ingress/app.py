@@ -295,15 +295,18 @@ def _source(config: LLMConfig) -> str:
 
 
 def _capacity(config: LLMConfig) -> Capacity | None:
-    """What the engine's deployment holds: max_ongoing_requests plus max_queued_requests,
-    with its backpressure Retry-After (serve_module's `_deployment`); None when either
-    is unset (Serve's queue is then unbounded, and so is ours)."""
+    """What the engine's deployment holds: max_ongoing_requests plus max_queued_requests
+    per replica, times the replicas it may have (inference.yaml's `replicas:`; Serve's
+    own bound per replica stays behind while fewer run), with its backpressure
+    Retry-After (serve_module's `_deployment`); None when either is unset (Serve's
+    queue is then unbounded, and so is ours)."""
     deployment = config.deployment_config or {}
     ongoing, queued = deployment.get("max_ongoing_requests"), deployment.get("max_queued_requests", -1)
     if ongoing is None or queued is None or int(queued) < 0:
         return None
     backpressure = deployment.get("backpressure_config") or {}
-    return Capacity(int(ongoing) + int(queued), float(backpressure.get("retry_after_s", 1.0)))
+    replicas = int((deployment.get("autoscaling_config") or {}).get("max_replicas") or 1)
+    return Capacity((int(ongoing) + int(queued)) * replicas, float(backpressure.get("retry_after_s", 1.0)))
 
 
 def _generates(config: LLMConfig) -> bool:
