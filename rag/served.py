@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from rag.errors import ConfigError
 from rag.guard import GUARD_FORMATS
-from rag.settings import Settings
+from rag.settings import GuardFormat, RerankMode, Settings
 
 __all__ = ["RERANK_MODE_FOR", "facts_from_models", "resolve"]
 
@@ -73,7 +73,8 @@ def resolve(settings: Settings, client: FactsClient) -> Settings:
         guard_output_threshold=_number(settings.guard_output_threshold, thresholds.get("output")),
     )
     url = settings.base_url
-    guard_format, rerank_mode = settings.guard_format, settings.rerank_mode
+    guard_format: str = settings.guard_format
+    rerank_mode: str = settings.rerank_mode
     if not settings.guard_format:
         fmt = facts.get(settings.guard_model, {}).get("guard_format")
         if fmt not in GUARD_FORMATS:
@@ -97,8 +98,12 @@ def resolve(settings: Settings, client: FactsClient) -> Settings:
     if overlap is None:  # a server that does not say: one stage at a time
         overlap = facts.get(settings.chat_model, {}).get("overlap_stages") is True
     min_score = _number(settings.min_score, facts.get(settings.score_model, {}).get("floor"))
-    return dataclasses.replace(
-        settings, guard_format=guard_format, rerank_mode=rerank_mode, overlap=overlap, min_score=min_score
+    return dataclasses.replace(  # pydantic checks both against the Literals again
+        settings,
+        guard_format=cast(GuardFormat, guard_format),
+        rerank_mode=cast(RerankMode, rerank_mode),
+        overlap=overlap,
+        min_score=min_score,
     )
 
 

@@ -7,8 +7,18 @@ profile detection) live in rag/stack/profiles.py.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+)
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from rag.errors import ConfigError
 from rag.stack.auth import keys_from_env
@@ -31,9 +41,31 @@ GUARD_THRESHOLDS = {"input": 0.86, "output": 0.86}
 MIN_SCORE = 0.05
 
 
-@dataclass(frozen=True)
+Retrieval = Literal["dense", "lexical", "fused"]  # rag/retrieve.py MODES
+RerankMode = Literal["", "order", "blend", "floor", "off"]  # "": the server says (rag/rerank.py)
+GuardFormat = Literal["", "score", "qwen3guard", "llamaguard3"]  # "": the server says (rag/guard.py)
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+
+# The env var each setting is read from, for errors that name what the user set.
+ENV_OF = {
+    "base_url": "RAG_BASE_URL", "api_key": "RAG_API_KEY", "chat_model": "RAG_CHAT_MODEL",
+    "guard_model": "RAG_GUARD_MODEL", "embed_model": "RAG_EMBED_MODEL", "score_model": "RAG_SCORE_MODEL",
+    "timeout_s": "RAG_TIMEOUT_S", "retry_deadline_s": "RAG_RETRY_DEADLINE_S", "index_dir": "RAG_INDEX_DIR",
+    "retrieval": "RAG_RETRIEVAL", "top_k": "RAG_TOP_K", "rerank_n": "RAG_RERANK_N",
+    "rerank_mode": "RAG_RERANK_MODE", "sources": "RAG_SOURCES", "source_chars": "RAG_SOURCE_CHARS",
+    "min_score": "RAG_MIN_SCORE", "guard_format": "RAG_GUARD_FORMAT",
+    "guard_input_threshold": "RAG_GUARD_INPUT_THRESHOLD",
+    "guard_output_threshold": "RAG_GUARD_OUTPUT_THRESHOLD",
+    "guard_strict": "RAG_GUARD_STRICT", "max_tokens": "RAG_MAX_TOKENS",
+    "support_threshold": "RAG_SUPPORT_THRESHOLD", "overlap": "RAG_OVERLAP",
+}  # fmt: skip
+
+
+@pydantic_dataclass(frozen=True)
 class Settings:
-    """Client-side settings, each read from its env var."""
+    """Client-side settings, each read from its env var and checked by pydantic: a wrong
+    value is a ConfigError naming the variable, the value and what is allowed
+    (`Settings.checked`; `dataclasses.replace` checks the same way)."""
 
     base_url: str
     api_key: str
@@ -41,29 +73,38 @@ class Settings:
     guard_model: str
     embed_model: str
     score_model: str
-    timeout_s: float  # read timeout: the longest silence from one engine
-    retry_deadline_s: float  # how long a failing call that is safe to repeat is retried
+    timeout_s: PositiveFloat  # read timeout: the longest silence from one engine
+    retry_deadline_s: NonNegativeFloat  # how long a failing call that is safe to repeat is retried
     index_dir: Path
-    retrieval: str  # dense | lexical | fused
-    top_k: int  # candidates retrieved
-    rerank_n: int  # of those, how many go through /v1/score
-    rerank_mode: str  # order | blend | floor | off, or "" (the server's reranker decides)
-    sources: int  # of those, how many the answer may cite
-    source_chars: int  # each source cut to this many characters around the question (0: whole)
+    retrieval: Retrieval
+    top_k: PositiveInt  # candidates retrieved
+    rerank_n: NonNegativeInt  # of those, how many go through /v1/score
+    rerank_mode: RerankMode  # or "" (the server's reranker decides)
+    sources: PositiveInt  # of those, how many the answer may cite
+    source_chars: NonNegativeInt  # each source cut to this many characters around the question (0: whole)
     # Rerank floor: below it the corpus "does not cover" the question; None: the floor the
     # server's reranker was calibrated for (rag/served.py), else MIN_SCORE.
     min_score: float | None
-    guard_format: str  # score (CPU) | qwen3guard (GPU), or "" (the server says)
+    guard_format: GuardFormat  # or "" (the server says)
     # P(unsafe) at or above which the score-format guard blocks a question / an answer;
     # None: the threshold the server's guard was calibrated for (rag/served.py).
-    guard_input_threshold: float | None
-    guard_output_threshold: float | None
+    guard_input_threshold: Share | None
+    guard_output_threshold: Share | None
     guard_strict: bool  # qwen3guard: block "Controversial" too
-    max_tokens: int
-    support_threshold: float  # attribution: support at or above which a source backs a sentence
+    max_tokens: PositiveInt
+    support_threshold: Share  # attribution: support at or above which a source backs a sentence
     # In floor mode, run the chat beside the reranker; None: as the server says
     # (`overlap_stages`: whether its chat and reranker fit the cores together).
     overlap: bool | None = None
+
+    @classmethod
+    def checked(cls, **values: Any) -> Settings:
+        """Settings from `values` (strings from the environment are converted); a wrong
+        one is a ConfigError naming its env var, the value and what is allowed."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError("; ".join(_explain(e) for e in exc.errors())) from None
 
     @property
     def floor(self) -> float:
@@ -77,7 +118,7 @@ class Settings:
     @classmethod
     def from_env(cls) -> Settings:
         """Read every setting from the environment, falling back to the defaults."""
-        return cls(
+        return cls.checked(
             base_url=os.environ.get("RAG_BASE_URL", f"http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1").rstrip("/"),
             # The first key RAG_API_KEY / RAG_API_KEY_FILE name, the ones `rag serve` takes;
             # with none the edge is open, and the OpenAI client still insists on a string.
@@ -86,71 +127,60 @@ class Settings:
             guard_model=os.environ.get("RAG_GUARD_MODEL", "guard"),
             embed_model=os.environ.get("RAG_EMBED_MODEL", "embed"),
             score_model=os.environ.get("RAG_SCORE_MODEL", "score"),
-            timeout_s=_float("RAG_TIMEOUT_S", 300.0),
+            timeout_s=_env("RAG_TIMEOUT_S", 300.0),
             # Long enough for Serve to replace a dead engine on a 2-core AVX2 machine.
-            retry_deadline_s=_float("RAG_RETRY_DEADLINE_S", 600.0),
+            retry_deadline_s=_env("RAG_RETRY_DEADLINE_S", 600.0),
             index_dir=Path(os.environ.get("RAG_INDEX_DIR", ".rag/index")).expanduser(),
-            retrieval=os.environ.get("RAG_RETRIEVAL", "fused"),
-            top_k=_int("RAG_TOP_K", 20),
-            rerank_n=_int("RAG_RERANK_N", 8),
+            retrieval=os.environ.get("RAG_RETRIEVAL", "fused").strip(),
+            top_k=_env("RAG_TOP_K", 20),
+            rerank_n=_env("RAG_RERANK_N", 8),
             # Empty: ask the server what its reranker is (rag/served.py). A trained one
             # orders the candidates; the CPU one (MiniLM trained here) ranks worse than
             # fused retrieval on manuals it never saw, so an answer does not call it (`off`).
             rerank_mode=os.environ.get("RAG_RERANK_MODE", "").strip(),
-            sources=_int("RAG_SOURCES", 3),
+            sources=_env("RAG_SOURCES", 3),
             # The sentences around each source's best match for the question (rag/focus.py);
             # 0 keeps whole chunks. Opt-in: 500 showed the first word 30 % sooner on the Git
             # and bash manuals with their keywords kept, but cost the dev set's answers
             # citations (README, "Each source is cut ...").
-            source_chars=_int("RAG_SOURCE_CHARS", 0),
-            min_score=_optional_float("RAG_MIN_SCORE"),
+            source_chars=_env("RAG_SOURCE_CHARS", 0),
+            min_score=_optional("RAG_MIN_SCORE"),
             # Empty: ask the server which format its guard speaks (rag/served.py).
             guard_format=os.environ.get("RAG_GUARD_FORMAT", "").strip(),
             # RAG_GUARD_THRESHOLD sets both stages; the stage's own variable wins; unset,
             # the server's guard says (rag/served.py).
-            guard_input_threshold=_optional_float("RAG_GUARD_INPUT_THRESHOLD", "RAG_GUARD_THRESHOLD"),
-            guard_output_threshold=_optional_float("RAG_GUARD_OUTPUT_THRESHOLD", "RAG_GUARD_THRESHOLD"),
-            guard_strict=os.environ.get("RAG_GUARD_STRICT", "0").lower() in ("1", "true", "yes"),
-            max_tokens=_int("RAG_MAX_TOKENS", 384),
-            support_threshold=_float("RAG_SUPPORT_THRESHOLD", SUPPORT_THRESHOLD),
-            overlap=_optional_bool("RAG_OVERLAP"),
+            guard_input_threshold=_optional("RAG_GUARD_INPUT_THRESHOLD", "RAG_GUARD_THRESHOLD"),
+            guard_output_threshold=_optional("RAG_GUARD_OUTPUT_THRESHOLD", "RAG_GUARD_THRESHOLD"),
+            guard_strict=_env("RAG_GUARD_STRICT", False),
+            max_tokens=_env("RAG_MAX_TOKENS", 384),
+            support_threshold=_env("RAG_SUPPORT_THRESHOLD", SUPPORT_THRESHOLD),
+            overlap=_optional("RAG_OVERLAP"),
         )
 
 
-def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+def _env(name: str, default: Any) -> Any:
+    """The variable's text, or `default` when unset or empty (pydantic converts and checks it)."""
+    raw = os.environ.get(name, "").strip()
+    return raw if raw else default
 
 
-def _optional_bool(name: str) -> bool | None:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw == "":
-        return None
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={raw!r}: use 1 or 0 (or leave it unset: the server decides)")
+def _optional(*names: str) -> str | None:
+    """The first of `names` that is set, as text; None if none is (the server decides)."""
+    return next((os.environ[n].strip() for n in names if os.environ.get(n, "").strip()), None)
 
 
-def _optional_float(*names: str) -> float | None:
-    """The first of `names` that is set, as a number; None if none is."""
-    for name in names:
-        if os.environ.get(name, "") != "":
-            return _float(name, 0.0)
-    return None
-
-
-def _float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
+def _explain(err: Any) -> str:
+    """One pydantic error as `RAG_X='bad' ...`, saying what is allowed instead."""
+    field = str(err["loc"][0]) if err["loc"] else ""
+    name, found, ctx = ENV_OF.get(field, field), err.get("input"), err.get("ctx", {})
+    said = {
+        "literal_error": f": choose one of {str(ctx.get('expected', '')).replace(chr(39) * 2, 'unset')}",
+        "int_parsing": " is not a whole number",
+        "int_from_float": " is not a whole number",
+        "float_parsing": " is not a number",
+        "bool_parsing": ": use 1 or 0 (or leave it unset)",
+        "greater_than": f" must be above {ctx.get('gt')}",
+        "greater_than_equal": f" must be at least {ctx.get('ge')}",
+        "less_than_equal": f" must be at most {ctx.get('le')}",
+    }
+    return f"{name}={found!r}" + said.get(err["type"], f": {err['msg']}")

@@ -147,3 +147,60 @@ def test_the_gpu_guards_reply_format_follows_its_model(
     cfg = module.CONFIGS["guard"].model_copy(deep=True)
     cfg.model_loading_config.model_source = guard
     assert module.gpu_guard_format(cfg) == fmt  # what /v1/models tells clients (rag/served.py)
+
+
+def test_the_settings_literals_are_the_modes_the_code_knows() -> None:
+    """Settings checks RAG_RETRIEVAL, RAG_RERANK_MODE and RAG_GUARD_FORMAT against
+    Literals of its own (no import of the query path): they must stay the code's lists."""
+    from typing import get_args
+
+    from rag.guard import GUARD_FORMATS
+    from rag.rerank import RERANK_MODES
+    from rag.retrieve import MODES
+    from rag.settings import GuardFormat, RerankMode, Retrieval
+
+    assert get_args(Retrieval) == MODES
+    assert get_args(RerankMode) == ("", *RERANK_MODES) and get_args(GuardFormat) == ("", *GUARD_FORMATS)
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"RAG_TOP_K": "many"}, "RAG_TOP_K='many' is not a whole number"),
+        ({"RAG_TOP_K": "0"}, "RAG_TOP_K='0' must be above 0"),
+        ({"RAG_RETRIEVAL": "sparse"}, "RAG_RETRIEVAL='sparse': choose one of 'dense', 'lexical' or 'fused'"),
+        ({"RAG_RERANK_MODE": "sort"}, "RAG_RERANK_MODE='sort': choose one of unset, 'order', 'blend'"),
+        ({"RAG_GUARD_THRESHOLD": "1.5"}, "RAG_GUARD_INPUT_THRESHOLD='1.5' must be at most 1.0"),
+        ({"RAG_OVERLAP": "maybe"}, "RAG_OVERLAP='maybe': use 1 or 0 (or leave it unset)"),
+        ({"RAG_TIMEOUT_S": "-3"}, "RAG_TIMEOUT_S='-3' must be above 0"),
+        ({"RAG_TOP_K": "x", "RAG_SOURCES": "y"}, "RAG_TOP_K='x' is not a whole number; RAG_SOURCES='y'"),
+    ],
+)
+def test_a_wrong_setting_names_its_variable_the_value_and_what_is_allowed(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], said: str
+) -> None:
+    from rag.errors import ConfigError
+    from rag.settings import Settings
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env()
+    assert said in str(info.value)
+
+
+def test_settings_read_from_text_and_changed_are_checked_the_same_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    from pydantic import ValidationError
+
+    from rag.settings import Settings
+
+    monkeypatch.setenv("RAG_TOP_K", "12")
+    monkeypatch.setenv("RAG_GUARD_STRICT", "yes")
+    s = Settings.from_env()
+    assert (s.top_k, s.guard_strict, s.overlap, s.min_score) == (12, True, None, None)
+    with pytest.raises(ValidationError):
+        dataclasses.replace(s, top_k=-1)

@@ -17,10 +17,8 @@ from typing import Any, TypeVar
 import click
 
 from rag.client import StackClient
-from rag.errors import ConfigError, RagError
-from rag.guard import GUARD_FORMATS
+from rag.errors import RagError
 from rag.pipeline import Pipeline
-from rag.rerank import RERANK_MODES
 from rag.retrieve import MODES
 from rag.settings import Settings
 
@@ -98,7 +96,7 @@ mode_option = click.option(
 def build_settings(
     base_url: str | None, api_key: str | None, index_dir: Path | None, **more: Any
 ) -> Settings:
-    """Settings from the env, overridden by the options given; a bad mode or format is a ConfigError."""
+    """Settings from the env, overridden by the options given; a wrong value is a ConfigError."""
     s = Settings.from_env()
     changes: dict[str, Any] = {k: v for k, v in more.items() if v is not None}
     if base_url:
@@ -107,18 +105,8 @@ def build_settings(
         changes["api_key"] = api_key
     if index_dir:
         changes["index_dir"] = index_dir
-    s = dataclasses.replace(s, **changes)
-    if s.retrieval not in MODES:
-        raise ConfigError(f"retrieval mode {s.retrieval!r}: choose one of {', '.join(MODES)} (RAG_RETRIEVAL)")
-    # Empty: the server says (rag/served.py).
-    if s.rerank_mode and s.rerank_mode not in RERANK_MODES:
-        raise ConfigError(
-            f"rerank mode {s.rerank_mode!r}: choose one of {', '.join(RERANK_MODES)} (RAG_RERANK_MODE)"
-        )
-    if s.guard_format and s.guard_format not in GUARD_FORMATS:
-        raise ConfigError(
-            f"guard format {s.guard_format!r}: choose one of {', '.join(GUARD_FORMATS)} (RAG_GUARD_FORMAT)"
-        )
+    # Checked again with the options applied: a wrong one names its env var and what is allowed.
+    s = Settings.checked(**(dataclasses.asdict(s) | changes))
     return s
 
 
