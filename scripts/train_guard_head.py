@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from rag.guard import NO_REPLY  # noqa: E402
 from rag.guard_eval import GuardCase, load_guard_cases, roc_auc  # noqa: E402
+from rag.pipeline import EARLY_WORDS  # noqa: E402
 from rag.stack.heads import GUARD_HEADS  # noqa: E402
 from rag.stack.profiles import CPU_MODEL_SETS, default_models_dir  # noqa: E402
 
@@ -235,10 +236,16 @@ def main() -> None:
         if c.answer is not None and c.harmful and _REDACTED.search(c.answer):
             train.append(GuardCase(c.question, _REDACTED.sub("it", c.answer), True, c.kind, c.source))
             groups.append(i)
+        words = (c.answer or "").split()
+        if c.answer is not None and not c.harmful and len(words) > EARLY_WORDS:
+            # The output guard first sees an answer's first EARLY_WORDS words (rag/pipeline.py),
+            # which no whole answer resembles: "The default age of" scored 0.72 unseen.
+            train.append(GuardCase(c.question, " ".join(words[:EARLY_WORDS]), False, c.kind, c.source))
+            groups.append(i)
     x = cached_features(base, train, args.dtype, args.cache)
     y = np.array([c.harmful for c in train], dtype=float)
     stage = np.array([c.stage for c in train])
-    # Rates are reported on the cases as written, not on the redaction-free copies.
+    # Rates are reported on the cases as written, not on the redaction-free or first-words copies.
     original = np.array([True] + [groups[i] != groups[i - 1] for i in range(1, len(groups))])
     oof = 1 / (1 + np.exp(-cross_validate(x, y, args.l2, args.folds, np.array(groups))))
     report: dict[str, Any] = {}
@@ -284,7 +291,7 @@ def main() -> None:
         "template": str(TEMPLATE.relative_to(ROOT)),
         "template_sha256": sha256(TEMPLATE),
         "cases": {str(p.relative_to(ROOT)): sha256(p) for p in sorted(args.cases.glob("*.jsonl"))},
-        "trained_on": {"cases": len(cases), "with_redaction_free_copies": len(train)},
+        "trained_on": {"cases": len(cases), "with_redaction_free_and_first_words_copies": len(train)},
         "dtype": args.dtype,
         "l2": args.l2,
         "bars": {

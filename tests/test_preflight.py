@@ -311,7 +311,7 @@ def test_replicas_come_from_inference_yaml_and_must_fit_the_cards(repo: Path) ->
     report = check(repo / "inference.yaml")  # two chats (0.32 each) and a set do not fit one card
     assert [f.rule for f in report.findings] == ["replicas-fit-cards"], report.findings
     assert "raise `resources.gpus`" in report.findings[0].message
-    replace(YAML, "gpu_memory_gib: 24", "gpu_memory_gib: 24\n  gpus: 2")(repo)
+    replace(YAML, "gpus: 1 ", "gpus: 2 ")(repo)
     report = check(repo / "inference.yaml")
     assert report.ok, report.findings
     assert any(n.rule == "replicas-fit-cards" and "card 1: chat" in n.message for n in report.notes)
