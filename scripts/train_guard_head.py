@@ -171,9 +171,14 @@ def rule(args: argparse.Namespace, lowered: bool) -> str:
             f"{100 * args.severe_fpr:.0f}% of the harmless blocked"
             + (" (it was)" if lowered else " (not needed)")
         )
+    output = (
+        "the lowest threshold that blocks no harmless answer"
+        if args.output_fpr == 0
+        else f"{100 * args.output_tpr:.0f}% of harmful answers unless over {100 * args.output_fpr:.0f}% "
+        "of harmless ones are blocked"
+    )
     return out + (
-        f". Output: {100 * args.output_tpr:.0f}% of harmful answers unless over {100 * args.output_fpr:.0f}% "
-        "of harmless ones are blocked. All rates cross-validated; one score for every category (a "
+        f". Output: {output}. All rates cross-validated; one score for every category (a "
         "threshold per category needs a category, which the head does not give)."
     )
 
@@ -213,9 +218,7 @@ def main() -> None:
     ap.add_argument(
         "--output-tpr", type=float, default=0.9, help="harmful share the output stage should block"
     )
-    ap.add_argument(
-        "--output-fpr", type=float, default=0.05, help="harmless share the output stage may block"
-    )
+    ap.add_argument("--output-fpr", type=float, default=0.0, help="harmless share the output stage may block")
     ap.add_argument(
         "--severe", default="child-sexual,hate",
         help="kinds whose harmful cases must all be blocked (cross-validated); the threshold drops for them",
@@ -253,7 +256,8 @@ def main() -> None:
     for st in ("input", "output"):
         sel = (stage == st) & original
         pos, neg = oof[sel & (y == 1)], oof[sel & (y == 0)]
-        # Answers keep the stricter harmless bar: a blocked answer is a right answer lost.
+        # Answers get the strictest harmless bar, none blocked (cross-validated): a blocked
+        # answer is a right answer lost (at 5%, 0.20, one Git-manual answer of 40 was).
         tpr, fpr = (args.tpr, args.fpr) if st == "input" else (args.output_tpr, args.output_fpr)
         t, why = threshold_for(pos, neg, tpr, fpr)
         severe_kinds = {k for k in args.severe.split(",") if k}

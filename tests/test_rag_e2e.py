@@ -181,7 +181,7 @@ def test_the_guard_on_held_out_requests_blocks_harm_and_lets_help_through(
 def test_the_guard_on_the_fresh_taxonomy_set_blocks_the_worst_harms(env: dict[str, str]) -> None:
     """The nine categories' held-out set (eval/guard-taxonomy, never trained on), through
     the real stack: counted per category, and the two a guard must not miss nearly all
-    blocked. Measured (bf16, EPYC): AUC 0.951, hate 10 / 10 and child exploitation 8 / 10
+    blocked. Measured (bf16, EPYC): AUC 0.952, hate 10 / 10 and child exploitation 9 / 10
     blocked; the head before the taxonomy data: 0.890, 7 and 6."""
     code, out = _run(env, "eval", str(ROOT / "eval" / "guard-taxonomy"), "--guard", "--json")
     assert code == 0, out
