@@ -92,7 +92,8 @@ class Settings:
     guard_output_threshold: Share | None
     guard_strict: bool  # qwen3guard: block "Controversial" too
     max_tokens: PositiveInt
-    support_threshold: Share  # attribution: support at or above which a source backs a sentence
+    # Attribution: support at or above which a source backs a sentence; above 1, none ever does.
+    support_threshold: NonNegativeFloat
     # In floor mode, run the chat beside the reranker; None: as the server says
     # (`overlap_stages`: whether its chat and reranker fit the cores together).
     overlap: bool | None = None
