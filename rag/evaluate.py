@@ -136,6 +136,8 @@ class EvalReport:
     supported: int = 0  # of those, with a supporting source
     fallbacks: int = 0  # answers followed by the best passage, most of them resting on nothing
     echoed: int = 0  # answers cut where the model wrote the prompt's worked example
+    unsourced: int = 0  # answers naming an option, setting or variable no shown source holds
+    looped: int = 0  # answers stopped where the model began writing the same sentences again
     attached: int = 0  # sources attached to sentences
     attached_gold: int = 0  # of those, on a gold page
     not_covered: int = 0
@@ -180,6 +182,8 @@ class EvalReport:
                 else None,
                 "fallback_rate": round(self.fallbacks / self.answered, 4) if self.answered else None,
                 "echoed_example": self.echoed,
+                "unsourced_names": self.unsourced,
+                "looped": self.looped,
                 "not_covered": self.not_covered,
                 "guard_blocks": dict(self.guard_blocks),
                 "seconds_p50": _quantile(self.seconds, 0.5),
@@ -224,6 +228,8 @@ def _measure_answer(report: EvalReport, qa: QA, ans: Answer, keyword_rates: list
         report.supported += sum(x.support == "supported" for x in claims)
         report.fallbacks += ans.fallback is not None
         report.echoed += ans.echoed
+        report.unsourced += any(x.unsourced for x in ans.sentences)
+        report.looped += ans.looped
         report.answers_citing += bool(ans.cited) or ans.fallback is not None
     by_n = {s.n: s for s in ans.sources}
     attached = [by_n[n] for x in ans.sentences for n in x.sources]
@@ -234,6 +240,7 @@ def _measure_answer(report: EvalReport, qa: QA, ans: Answer, keyword_rates: list
         "cited": [s.path for s in ans.cited],
         "blocked": ans.blocked,
         "echoed_example": ans.echoed,
+        "looped": ans.looped,
         "sentences": [x.as_dict() for x in ans.sentences],
         "fallback": None
         if ans.fallback is None

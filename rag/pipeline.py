@@ -74,6 +74,7 @@ class Answer:
     blocked: str | None = None  # "input" or "output" when the guard refused
     covered: bool = True
     echoed: bool = False  # the model wrote the prompt's worked example: withheld from here on
+    looped: bool = False  # the model began a sentence it had written already: stopped there
     usage: Usage = field(default_factory=Usage)  # the chat engine's tokens, every attempt
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -85,9 +86,11 @@ class Answer:
         src, passage = self.fallback
         where = src.path + (f" — {src.heading}" if src.heading else "")
         lead = (
-            "Most of this answer has no support in the sources."
-            if self.sentences
-            else "No answer could be written from the sources."
+            "No answer could be written from the sources."
+            if not self.sentences
+            else "Most of this answer has no support in the sources."
+            if self.echoed or needs_fallback(self.sentences)
+            else "Part of this answer has no support in the sources."
         )
         return f"{lead} What the documents say, [{src.n}] {where}:\n" + "\n".join(
             f"  > {line}" for line in passage.splitlines()
@@ -101,6 +104,8 @@ class Answer:
         parts = [self.fallback_note()] if self.fallback is not None else []
         if any(x.support in ("unsupported", "restates") for x in self.sentences):
             parts.append(f"{UNSUPPORTED}: no shown source supports that sentence")
+        if invented := sorted({n for x in self.sentences for n in x.unsourced}):
+            parts.append(f"{', '.join(invented)}: in none of the sources; check before relying on it")
         if self.cited:
             parts.append("Sources:\n" + format_sources(self.cited))
         elif self.covered and self.sentences:
@@ -118,6 +123,18 @@ class Answer:
 # The first sentence's first words are shown once this many have been generated (and
 # guarded) rather than when the sentence ends: on CPU a sentence takes 1-3 s to generate.
 EARLY_WORDS = 4
+
+
+# A small model at temperature 0 can fall into a loop, writing the same sentences until
+# max_tokens (5 of 72 answers over the Git and bash manuals, each 20-27 s). A sentence of
+# this many characters written a second time ends the answer there; shorter ones ("See
+# below.") may well recur.
+LOOP_CHARS = 24
+
+
+def _said(text: str) -> str:
+    """A sentence as compared for repeats: its words, lower-cased."""
+    return " ".join(text.lower().split())
 
 
 def _background(timings: dict[str, float], stage: str, fn: Callable[..., T], *args: Any) -> Future[T]:
@@ -391,6 +408,8 @@ class Pipeline:
                     continue
                 self._attribute(ans, clock, attributor, generated[shown:end], on_text, on_sentences, early)
                 shown, early = end, ""
+                if ans.looped:
+                    break
         finally:
             getattr(stream, "close", lambda: None)()  # a stopped answer frees its place in the batch
         ans.timings["chat"] = (
@@ -401,7 +420,7 @@ class Pipeline:
         ans.sources = sources
         if not ans.echoed and echoes_example(generated[shown:], sources):
             ans.echoed = True
-        if shown < len(generated.rstrip()) and not ans.echoed:
+        if shown < len(generated.rstrip()) and not (ans.echoed or ans.looped):
             if not self._release(ans, clock, generated):
                 return True
             self._attribute(ans, clock, attributor, generated[shown:], on_text, on_sentences, early)
@@ -409,7 +428,9 @@ class Pipeline:
         by_n = {x.n: x for x in ans.sources}
         ans.cited = [by_n[n] for n in dict.fromkeys(n for x in ans.sentences for n in x.sources)]
         ans.covered = NOT_COVERED.rstrip(".") not in generated
-        if ans.covered and (ans.echoed or needs_fallback(ans.sentences)):
+        # An answer that names what no source holds sends the reader to the documents too.
+        invents = any(x.unsourced for x in ans.sentences)
+        if ans.covered and (ans.echoed or invents or needs_fallback(ans.sentences)):
             ans.fallback = attributor.best_passage()
         return True
 
@@ -424,9 +445,19 @@ class Pipeline:
         early: str = "",
     ) -> None:
         """Attribute the sentences just released and hand them on, rendered (less the
-        `early` words of the first one, already shown)."""
+        `early` words of the first one, already shown); none from the first that repeats
+        one written before (`ans.looped`)."""
+        units = split_sentences(released)
+        seen = {_said(x.text) for x in ans.sentences}
+        for i, x in enumerate(units):
+            if len(x.text) >= LOOP_CHARS and _said(x.text) in seen:
+                units, ans.looped = units[:i], True
+                break
+            seen.add(_said(x.text))
+        if not units:
+            return
         with clock("attribute"):
-            sentences = attributor.attribute(split_sentences(released))
+            sentences = attributor.attribute(units)
         ans.sentences += sentences
         text = "".join(render(x) for x in sentences)
         on_text(text[len(early) :] if early and text.startswith(early) else text)

@@ -15,6 +15,7 @@ from rag.attribute import (
     Attributor,
     Sentence,
     early_point,
+    names,
     needs_fallback,
     release_point,
     render,
@@ -147,3 +148,27 @@ def test_no_supporting_source_is_said_and_a_restated_question_is_no_answer() -> 
 def test_best_passage_is_the_one_holding_the_question_terms() -> None:
     found = _attributor("Which port does Serve listen on?").best_passage()
     assert found is not None and found[0].n == 2 and "port 8000" in found[1]
+
+
+def test_a_source_backs_no_sentence_that_names_what_it_lacks() -> None:
+    """The 0.5B writes "The --exit-on-failure option ..." in the shape of its example and
+    copies the rest from a source, which then scores as support: the name decides."""
+    three = [*SOURCES, Source(3, "c.md", "", "Set tag.gpgsign and $RAG_PORT; see --keep-going.", 0.8)]
+    vectors = np.eye(2, dtype=np.float32)[[0, 0, 0]]
+    att = Attributor("What does the guard get?", three, vectors,
+                     lambda texts: np.tile(np.array([0.9, np.sqrt(0.19)], dtype=np.float32), (len(texts), 1)),
+                     lambda term: 1.0)  # fmt: skip
+    made_up, held, case = att.attribute(
+        split_sentences(
+            "With --guard-share the guard engine takes 0.40 of the card and the chat engine 0.32 [1]. "
+            "Set tag.gpgSign and see --keep-going [3]. The $RAG_PORT variable and $PATH are read [3]."
+        )
+    )
+    assert made_up.support == "unsupported" and made_up.sources == ()
+    assert made_up.unsourced == ("--guard-share",)
+    assert made_up.scores[1] > THRESHOLD  # as alike as ever: only the missing name withholds [1]
+    assert held.sources == (3,) and held.unsourced == ()  # a setting's key in any case, as git reads it
+    assert case.sources == () and case.unsourced == ("$PATH",)  # a variable as written: PATH is nowhere
+    assert names("Use --no-ff, not -n, e.g. in foo.txt or color.blame.repeatedLines and ${HOME}.") == {
+        "--no-ff", "color.blame.repeatedLines", "$HOME",
+    }  # fmt: skip

@@ -220,3 +220,24 @@ def test_an_answer_that_shares_words_with_its_sources_is_no_echo() -> None:
     assert echoes_example("The --keep-logs option keeps the log files after a successful run.", [source])
     assert not echoes_example("Use --keep-logs: it will keep the log files after a successful run.", [source])
     assert not echoes_example("Refusals exit with code 3 [1].", [])
+
+
+def test_an_option_no_source_holds_is_unbacked_and_said_under_the_answer(index_dir: Path) -> None:
+    engines = Engines(answer="The --exit-on-failure option stops the run at the first refusal [1].")
+    a, _ = _ask(_pipeline(index_dir, engines, mode="off"), engines)
+    (s,) = a.sentences
+    assert s.support == "unsupported" and s.unsourced == ("--exit-on-failure",)
+    assert a.fallback is not None  # its one claim rests on nothing: the best passage follows
+    assert "--exit-on-failure: in none of the sources" in a.tail()
+    engines = Engines(answer="Refusals exit with code 3 [1]. Pass --exit-on-failure to stop at once [1].")
+    a, _ = _ask(_pipeline(index_dir, engines, mode="off"), engines)
+    assert [x.support for x in a.sentences] == ["supported", "unsupported"]
+    assert a.fallback is not None and a.fallback_note().startswith("Part of this answer")
+
+
+def test_an_answer_in_a_loop_stops_at_its_first_repeat(index_dir: Path) -> None:
+    again = "The trap command is run once for each child that exits. "
+    engines = Engines(answer=f"Refusals exit with code 3 [1]. {again}{again}{again}Short. Short. Done.")
+    a, shown = _ask(_pipeline(index_dir, engines, mode="off"), engines)
+    assert a.looped and a.text.count("The trap command") == 1 and "Done" not in a.text
+    assert "".join(shown).strip() == a.text  # what was shown is what the answer holds

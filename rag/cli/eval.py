@@ -127,6 +127,8 @@ def evaluate(
             f"answers: expected keywords {pct(report.keyword_hit_rate)}; of {report.answered} answered, "
             f"{pct(d['answers_with_source_rate'])} carry a source, {pct(d['fallback_rate'])} fell back to a "
             f"quoted passage ({report.echoed} where the model wrote the prompt's example); "
+            f"{report.unsourced} named an option or setting that no source holds, {report.looped} stopped "
+            "in a loop; "
             f"sentences with a supporting source {pct(d['citation_recall'])} "
             f"({report.supported}/{report.claims}); attached sources on a gold page "
             f"{pct(report.citation_accuracy)}; not covered {report.not_covered}; "
