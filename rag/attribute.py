@@ -17,8 +17,8 @@ How support is judged (calibrated on hand-labeled sentences, `eval/attribution-*
            (a long option, a camelCase setting, a shell variable: `names`). A 0.5B model
            invents them in the shape of the prompt's example ("the --exit-on-failure
            option"), and the rest of such a sentence, copied from a source, scores as
-           support (7 of 43 wrong answers over two manuals, 0 of 28 right ones,
-           eval/answer-labels).
+           support (6 of 71 answers over two manuals: 5 wrong, 1 naming `--gpgSign` for
+           `tag.gpgSign`, none of the 19 right ones; eval/answer-labels).
 A sentence that names nothing the question does not already hold (a lead-in such
 as "Here is how:") needs no source; one that only restates the question is not
 an answer. When most claims have no support, the caller shows the best passage

@@ -126,7 +126,7 @@ EARLY_WORDS = 4
 
 
 # A small model at temperature 0 can fall into a loop, writing the same sentences until
-# max_tokens (5 of 72 answers over the Git and bash manuals, each 20-27 s). A sentence of
+# max_tokens (3 of 71 answers over the Git and bash manuals, 20-27 s each). A sentence of
 # this many characters written a second time ends the answer there; shorter ones ("See
 # below.") may well recur.
 LOOP_CHARS = 24
