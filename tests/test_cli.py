@@ -155,6 +155,22 @@ def test_serve_on_a_taken_port_says_so(runner: CliRunner, fake_models: Path) -> 
     assert f"port {port} on 127.0.0.1 is taken" in line and "--port" in line
 
 
+def test_serve_onto_a_cluster_where_nothing_listens_says_so_at_once(
+    runner: CliRunner, fake_models: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Ray itself would wait minutes for a GCS at an address where nothing answers.
+    port = free_port()
+    result = runner.invoke(main, ["serve", "--profile", "cpu", "--address", f"127.0.0.1:{port}"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    line = result.output.strip().splitlines()[-1]  # after the boot's first lines, before Ray
+    assert f"Error: nothing answers at --address 127.0.0.1:{port}" in line and "ray://HEAD:10001" in line
+    # `auto` is the cluster `ray start` left its address for, never any Ray process found running.
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    result = runner.invoke(main, ["serve", "--profile", "cpu", "--address", "auto"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "no Ray cluster was started or joined with `ray start`" in result.output.strip().splitlines()[-1]
+
+
 def test_serve_on_a_taken_metrics_port_says_which_option_moves_it(
     runner: CliRunner, fake_models: Path
 ) -> None:

@@ -236,12 +236,17 @@ def check(path: Path, as_json: bool, facts_from: Path | None, model_id: str | No
     help="The index the `rag` model and the web page answer from (`rag index` writes it); "
     "a new `rag index` there is picked up without a restart.",
 )  # fmt: skip
+@click.option(
+    "--address", envvar="RAG_RAY_ADDRESS", show_envvar=True, metavar="auto|ray://HEAD:10001",
+    help="Deploy onto this running Ray cluster instead of booting a private one; Ctrl-C deletes the "
+    "app and leaves the cluster running (docs/cluster.md: what its nodes need).",
+)  # fmt: skip
 @click.option("--exit-after-ready", is_flag=True, hidden=True)
 @friendly
 def serve(
     host: str, port: int, profile: str | None, path: Path, num_cpus: int, boot_timeout: float,
     metrics_port: int, api_keys: tuple[str, ...], key_files: tuple[Path, ...], allow_unauthenticated: bool,
-    index_dir: Path, exit_after_ready: bool,
+    index_dir: Path, address: str | None, exit_after_ready: bool,
 ) -> None:  # fmt: skip
     """Boot the four engines on this machine and serve until Ctrl-C.
 
@@ -286,6 +291,7 @@ def serve(
       RAG_CPU_MODELS=smollm2 rag serve
       RAG_CPU_DTYPE=float32 rag serve
       rag serve --metrics-port 0
+      rag serve --address auto          # onto the Ray cluster this node belongs to
     """
     from rag.stack.preflight import load_deploy
     from rag.stack.serve import serve_forever
@@ -326,7 +332,7 @@ def serve(
     serve_forever(
         deploy.module_path, host=host, port=port, profile=profile, num_cpus=num_cpus,
         boot_timeout_s=boot_timeout, log=err, on_ready=ready, metrics_port=metrics_port or None,
-        api_keys=keys, exit_after_ready=exit_after_ready,
+        api_keys=keys, exit_after_ready=exit_after_ready, address=address,
     )  # fmt: skip
 
 

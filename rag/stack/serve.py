@@ -1,8 +1,10 @@
-"""`rag serve`: boot Ray and the app that inference.yaml names, on this machine.
+"""`rag serve`: boot Ray and the app that inference.yaml names, on this machine, or deploy
+the app onto a running Ray cluster (`--address`).
 
 Shows each engine's state while it loads, probes all four with a real request,
 prints the base URL, then serves until Ctrl-C (or SIGTERM), when it shuts Serve
-and the local Ray cluster down so that no process is left behind.
+and the local Ray cluster down so that no process is left behind; on a cluster it
+deletes the app and leaves the cluster running.
 
 Over 300 lines because a boot is one story told in order (ports, Ray, the app, the
 wait with each engine's state, the probe, the stop) and each step's failure message
@@ -38,6 +40,7 @@ from rag.stack.profiles import cpu_model_set
 __all__ = ["OFFLINE_ENV", "SERVE_ENV", "first_answer", "port_holder", "probe", "serve_forever"]
 
 Log = Callable[[str], None]
+APP_NAME = "default"  # Serve's name for the app `rag serve` runs (what _run names it unless told)
 LOOPBACK = "127.0.0.1"
 RAY_LOGS = Path("/tmp/ray/session_latest/logs")  # where a local Ray cluster writes engine logs
 FIRST_QUESTION = "In one sentence: what does a reranker do in a retrieval pipeline?"
@@ -152,7 +155,7 @@ def first_answer(base_url: str, question: str = FIRST_QUESTION, api_key: str | N
     return " ".join(str(r.json()["choices"][0]["message"]["content"]).split())
 
 
-def deployment_states(app_name: str = "default") -> dict[str, tuple[str, str]]:
+def deployment_states(app_name: str = APP_NAME) -> dict[str, tuple[str, str]]:
     """(status, message) of each deployment of the Serve app, by role ("chat", "RagIngress");
     empty before the app exists."""
     from ray import serve
@@ -180,13 +183,22 @@ def _short(message: str) -> str:
     return (lines[-1] if lines else "no message")[:400]
 
 
-def _stop(log: Log) -> None:
-    """Shut Serve and Ray down, then end any process of ours that outlived them."""
+def _stop(log: Log, address: str | None = None) -> None:
+    """Shut Serve and Ray down, then end any process of ours that outlived them; on a
+    cluster (`address`), delete the app and leave the cluster to whoever runs it."""
     import psutil
     import ray
     from ray import serve
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    if address:
+        log(f"stopping: deleting the app from the cluster at {address} (the cluster runs on) ...")
+        try:
+            serve.delete(APP_NAME)
+        finally:
+            ray.shutdown()
+        log("stopped")
+        return
     log("stopping: shutting down Serve and the local Ray cluster ...")
     tree = psutil.Process().children(recursive=True)
     try:
@@ -215,6 +227,48 @@ def _ray_start_failure(metrics_port: int | None) -> str:
         if errors:
             return f"raylet: {errors[-1]}"
     return ""
+
+
+def _join_ray(address: str, env: dict[str, str]) -> None:
+    """Connect to a running cluster as this app's driver, `env` set in its processes.
+
+    `auto` means the cluster `ray start` last started or joined on this machine, never
+    Ray's fallback of any Ray process found running (a private `rag serve`'s included).
+    The address is tried first: Ray waits minutes on one where nothing listens."""
+    import ray
+    from ray._private import ray_constants
+    from ray._private.services import find_bootstrap_address
+
+    target = address
+    if address == "auto":
+        target = find_bootstrap_address(None) or ""
+        if not target:
+            raise ServeError(
+                "--address auto: no Ray cluster was started or joined with `ray start` on this machine; "
+                "start one (docs/cluster.md) or give its address (HEAD:6379, ray://HEAD:10001)"
+            )
+    host, _, port = target.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host or LOOPBACK, int(port)), timeout=5).close()
+    except (OSError, ValueError) as exc:
+        raise ServeError(
+            f"nothing answers at --address {address} ({target}: {exc}): give the head's GCS address "
+            "(HEAD:6379), its Ray Client address (ray://HEAD:10001), or `auto` on one of its nodes"
+        ) from exc
+    if host in (LOOPBACK, "localhost", "::1"):  # a one-machine cluster: keep Ray on loopback too
+        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(
+            address=target, runtime_env={"env_vars": env}, log_to_driver=False, logging_level=logging.WARNING
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ServeError(
+            f"cannot join the Ray cluster at {target} ({str(exc).splitlines()[0]}): start one with "
+            "`ray start --head` and every node's environment from `rag serve-config` (docs/cluster.md), "
+            "or leave --address out to boot a private one"
+        ) from exc
 
 
 def _start_ray(num_cpus: int, host: str, metrics_port: int | None, log: Log) -> None:
@@ -293,8 +347,14 @@ def serve_forever(
     metrics_port: int | None = None,
     api_keys: tuple[str, ...] = (),
     exit_after_ready: bool = False,
+    address: str | None = None,
 ) -> None:
     """Boot, wait until all four engines answer, call on_ready(url), serve until stopped.
+
+    With `address` (`auto`, `ray://HEAD:10001`), the app goes onto that running cluster
+    instead of a private one: Ray's ports and Serve's settings are the cluster's (its
+    nodes' environment, docs/cluster.md), Serve's proxies listen on `host` on its nodes,
+    and the keys' digests are computed here, as on one machine.
 
     With `metrics_port`, Ray's Prometheus endpoint (vLLM engine and Serve metrics)
     listens on that port of 127.0.0.1, and /metrics relays it behind the API key.
@@ -302,8 +362,8 @@ def serve_forever(
     process: they are taken out of the environment Ray's processes inherit, and the
     serve module hands the ingress only their digests.
     """
-    ports = [(port, "--port (or RAG_PORT)")]
-    if metrics_port:
+    ports = [] if address else [(port, "--port (or RAG_PORT)")]
+    if metrics_port and not address:
         ports.append((metrics_port, "--metrics-port (or RAG_METRICS_PORT; 0 turns metrics off)"))
     for number, option in ports:
         holder = port_holder(host, number)
@@ -322,14 +382,29 @@ def serve_forever(
     from ray import serve
 
     start = time.monotonic()
-    log(f"starting Ray ({num_cpus} logical CPUs) and Serve on {host}:{port} [profile {profile}]")
+    if address:
+        log(f"joining the Ray cluster at {address}; Serve on {host}:{port} on its nodes [profile {profile}]")
+    else:
+        log(f"starting Ray ({num_cpus} logical CPUs) and Serve on {host}:{port} [profile {profile}]")
     if profile == "cpu":
         from rag.stack.prepare import describe_chat
 
         cpu = hardware.detect()
         log(cpu.describe())
         log(describe_chat(cpu_model_set(), cpu.dtype))
-    _start_ray(num_cpus, host, metrics_port or None, log)
+    if address:
+        env = {**OFFLINE_ENV, "RAG_PROFILE": profile}
+        env.update(
+            {
+                k: os.environ[k]
+                for k in ("RAG_MODELS_DIR", "RAG_CPU_MODELS", "RAG_INDEX_DIR")
+                if k in os.environ
+            }
+        )
+        _join_ray(address, env)
+        metrics_port = 0  # the cluster's metrics are the cluster's (each node's export port)
+    else:
+        _start_ray(num_cpus, host, metrics_port or None, log)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # per-deployment option dumps
     try:
         logs = RAY_LOGS
@@ -345,7 +420,7 @@ def serve_forever(
         # process mid-shutdown; ours replace it (and un-ignore SIGINT under `&`).
         signal.signal(signal.SIGTERM, _raise_stop)
         signal.signal(signal.SIGINT, _raise_stop)
-        serve._run(app, _blocking=False)  # returns at once; progress is polled below
+        serve._run(app, name=APP_NAME, _blocking=False)  # returns at once; progress is polled below
         last = ""
         while True:
             elapsed = time.monotonic() - start
@@ -392,9 +467,12 @@ def serve_forever(
                 f"metrics: http://127.0.0.1:{metrics_port}/metrics on this machine, "
                 f"{url.removesuffix('/v1')}/metrics{' with a key' if api_keys else ''} (Prometheus)"
             )
-        mem = footprint.measure(os.getpid(), "rag serve")
-        log(f"memory: {mem.summary()}")
-        log("  per engine: " + ", ".join(f"{r} {b / footprint.GiB:.2f}" for r, b in mem.by_role().items()))
+        if not address:  # on a cluster the engines are other machines' processes
+            mem = footprint.measure(os.getpid(), "rag serve")
+            log(f"memory: {mem.summary()}")
+            log(
+                "  per engine: " + ", ".join(f"{r} {b / footprint.GiB:.2f}" for r, b in mem.by_role().items())
+            )
         log(f"ready in {time.monotonic() - start:.0f} s")
         on_ready(url)
         # After the URL: every engine has answered the probe; a real answer is for the
@@ -410,4 +488,4 @@ def serve_forever(
     except (KeyboardInterrupt, _Stop):
         pass
     finally:
-        _stop(log)
+        _stop(log, address)
