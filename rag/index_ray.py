@@ -36,6 +36,7 @@ from rag.chunk import Chunk, Chunker
 from rag.errors import ConfigError
 from rag.index import Parsed, Progress, parse_one
 from rag.settings import Settings
+from rag.stack.cluster import resolve, unreachable
 
 __all__ = ["RayRunner"]
 
@@ -64,26 +65,6 @@ class _Embed:
         return {"i": batch["i"], "vector": self.client.embed(texts, batch_size=len(texts), workers=1)}
 
 
-def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
-    """Why HOST:PORT (or ray://HOST:PORT) takes no TCP connection; None if it does or if
-    the address is not of that form (`auto` and friends are left to Ray)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(address if "://" in address else f"ray://{address}")
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError as exc:  # a port that is not a number
-        return str(exc)
-    if not host or port is None:
-        return None
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as exc:
-        return f"{host}:{port}: {exc.strerror or exc}"
-    return None
-
-
 @dataclass
 class RayRunner:
     """Runs rag.index.build's parse and embed steps as Ray Data pipelines."""
@@ -107,10 +88,13 @@ class RayRunner:
         if self.address == "local":
             # A private instance, sized for indexing; it stops when the run ends.
             kwargs |= {"num_cpus": len(os.sched_getaffinity(0)), "object_store_memory": 512 * 1024**2}
-        elif (problem := _unreachable(self.address)) is not None:
+        address = resolve(self.address)
+        if address is None:
+            raise ConfigError(self._unreached("no cluster was started or joined with `ray start` here"))
+        if address != "local" and (problem := unreachable(address)) is not None:
             raise ConfigError(self._unreached(problem))  # ray.init would retry for minutes
         try:
-            ray.init(address=self.address, **kwargs)
+            ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConfigError(self._unreached(str(exc))) from exc
         self._started = True

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -237,25 +238,21 @@ def _join_ray(address: str, env: dict[str, str]) -> None:
     The address is tried first: Ray waits minutes on one where nothing listens."""
     import ray
     from ray._private import ray_constants
-    from ray._private.services import find_bootstrap_address
 
-    target = address
-    if address == "auto":
-        target = find_bootstrap_address(None) or ""
-        if not target:
-            raise ServeError(
-                "--address auto: no Ray cluster was started or joined with `ray start` on this machine; "
-                "start one (docs/cluster.md) or give its address (HEAD:6379, ray://HEAD:10001)"
-            )
-    host, _, port = target.removeprefix("ray://").rpartition(":")
-    host = host.strip("[]")
-    try:
-        socket.create_connection((host or LOOPBACK, int(port)), timeout=5).close()
-    except (OSError, ValueError) as exc:
+    from rag.stack.cluster import resolve, unreachable
+
+    target = resolve(address)
+    if target is None:
         raise ServeError(
-            f"nothing answers at --address {address} ({target}: {exc}): give the head's GCS address "
+            "--address auto: no Ray cluster was started or joined with `ray start` on this machine; "
+            "start one (docs/cluster.md) or give its address (HEAD:6379, ray://HEAD:10001)"
+        )
+    if (problem := unreachable(target)) is not None:
+        raise ServeError(
+            f"nothing answers at --address {address} ({problem}): give the head's GCS address "
             "(HEAD:6379), its Ray Client address (ray://HEAD:10001), or `auto` on one of its nodes"
-        ) from exc
+        )
+    host = urlsplit(target if "://" in target else f"ray://{target}").hostname or ""
     if host in (LOOPBACK, "localhost", "::1"):  # a one-machine cluster: keep Ray on loopback too
         os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
@@ -294,6 +291,9 @@ def _start_ray(num_cpus: int, host: str, metrics_port: int | None, log: Log) -> 
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
             ray.init(
+                # A new private instance, never a cluster a `ray start` on this machine recorded
+                # (ray.init's default would join it, and refuse num_cpus for it).
+                address="local",
                 num_cpus=num_cpus,
                 include_dashboard=False,
                 # One machine: Ray's GCS, raylet, agents, every worker's gRPC port and the
