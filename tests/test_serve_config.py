@@ -15,7 +15,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from rag.cli import main
 from rag.errors import ConfigError
-from rag.stack import descriptor
+from rag.stack.preflight import load_deploy
 from rag.stack.serve import SERVE_ENV
 from rag.stack.serve_config import serve_config
 from tests.conftest import ROOT
@@ -48,7 +48,7 @@ def test_a_network_host_needs_a_key_file(runner: CliRunner) -> None:
     result = runner.invoke(main, ["serve-config"])
     assert result.exit_code == 1
     assert "--api-key-file PATH" in result.output and "--allow-unauthenticated" in result.output
-    spec = descriptor.read(ROOT / "inference.yaml")
+    spec = load_deploy(ROOT / "inference.yaml")
     assert serve_config(spec, profile="cpu", host="127.0.0.1")["http_options"]["host"] == "127.0.0.1"
     with pytest.raises(ConfigError, match="no key file"):
         serve_config(spec, profile="cpu", host="10.0.0.5")
@@ -59,7 +59,7 @@ def test_a_network_host_needs_a_key_file(runner: CliRunner) -> None:
 def test_its_import_path_resolves_to_the_serve_module_with_its_environment() -> None:
     """What a node does with the config: import `scripts.serve_module` from the repository
     root under the app's env_vars (the app itself, built on first access, needs Ray)."""
-    spec = descriptor.read(ROOT / "inference.yaml")
+    spec = load_deploy(ROOT / "inference.yaml")
     (app,) = serve_config(spec, profile="cpu", host="127.0.0.1")["applications"]
     module, attr = app["import_path"].split(":")
     code = f"import importlib; m = importlib.import_module({module!r}); print(sorted(m.CONFIGS), m.PROFILE)"

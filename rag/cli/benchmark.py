@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from rag.cli.common import CONTEXT, err, friendly, main
+from rag.cli.common import CONTEXT, deploy_file_option, err, friendly, main
 from rag.errors import ConfigError
 from rag.settings import Settings
 from rag.stack.profiles import CPU_MODEL_SETS, cpu_model_set, default_models_dir
@@ -83,11 +83,9 @@ SYSTEMS = ("ours", "bare", "baseline")
     show_default=True,
     help="Port for the systems the bench starts.",
 )
-@click.option(
-    "--file", "-f", "deploy_file", type=click.Path(dir_okay=False, path_type=Path),
-    envvar="RAG_DEPLOY_FILE", default=Path("inference.yaml"), show_default=True, show_envvar=True,
-    help="Deploy descriptor naming the serve module whose chat engine bare vLLM copies.",
-)  # fmt: skip
+@deploy_file_option(
+    "Deploy descriptor naming the serve module whose chat engine bare vLLM copies.", dest="deploy_file"
+)
 @friendly
 def bench(
     levels: str, min_requests: int, waves: int, max_tokens: int, seed: int, systems: str,

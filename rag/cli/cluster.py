@@ -7,17 +7,13 @@ from pathlib import Path
 import click
 import yaml
 
-from rag.cli.common import CONTEXT, err, friendly, main
+from rag.cli.common import CONTEXT, deploy_file_option, err, friendly, main
 
 __all__ = ["serve_config_command"]
 
 
 @main.command("serve-config", context_settings=CONTEXT)
-@click.option(
-    "--file", "-f", "path", type=click.Path(dir_okay=False, path_type=Path),
-    envvar="RAG_DEPLOY_FILE", default=Path("inference.yaml"), show_default=True, show_envvar=True,
-    help="The deploy descriptor whose app to describe.",
-)  # fmt: skip
+@deploy_file_option("The deploy descriptor whose app to describe.")
 @click.option(
     "--profile", type=click.Choice(["cpu", "gpu"]), default=None,
     help="Which configs the nodes boot [default: inference.yaml's model.profile].",
@@ -64,13 +60,11 @@ def serve_config_command(
       ray start --head ...; serve deploy serve.yaml
       rag serve-config --profile cpu --working-dir local://$PWD --host 127.0.0.1
     """
-    from rag.stack import descriptor
     from rag.stack.preflight import load_deploy
     from rag.stack.serve_config import node_env, serve_config
 
-    load_deploy(path)  # every field checked, the serve module found
-    deploy = descriptor.read(path)
-    chosen = profile or deploy.model.profile
+    deploy = load_deploy(path)  # every field checked, the serve module found
+    chosen = profile or deploy.profile
     config = serve_config(
         deploy, profile=chosen, host=host, port=port,
         key_file=key_file, allow_unauthenticated=allow_unauthenticated, models_dir=models_dir,

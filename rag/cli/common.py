@@ -1,8 +1,8 @@
 """The `rag` group and what its commands share.
 
 One-line errors (`friendly`), the options every stack command takes (`stack_options`,
-`mode_option`) and the Settings they build, the query pipeline they open, and a
-progress bar on stderr.
+`mode_option`, `deploy_file_option`) and the Settings they build, the query pipeline
+they open, and a progress bar on stderr.
 """
 
 from __future__ import annotations
@@ -93,6 +93,15 @@ mode_option = click.option(
 )
 
 
+def deploy_file_option(help: str, dest: str = "path") -> Callable[[F], F]:
+    """--file/-f: the deploy descriptor (RAG_DEPLOY_FILE, ./inference.yaml by default)."""
+    return click.option(
+        "--file", "-f", dest, type=click.Path(dir_okay=False, path_type=Path),
+        envvar="RAG_DEPLOY_FILE", default=Path("inference.yaml"), show_default=True, show_envvar=True,
+        help=help,
+    )  # fmt: skip
+
+
 def build_settings(
     base_url: str | None, api_key: str | None, index_dir: Path | None, **more: Any
 ) -> Settings:
@@ -142,6 +151,7 @@ def progress(label: str) -> Callable[[int, int], None]:
 __all__ = [
     "CONTEXT",
     "build_settings",
+    "deploy_file_option",
     "err",
     "friendly",
     "main",

@@ -16,7 +16,7 @@ from typing import TextIO
 
 import click
 
-from rag.cli.common import CONTEXT, err, friendly, main
+from rag.cli.common import CONTEXT, deploy_file_option, err, friendly, main
 from rag.errors import ConfigError
 from rag.settings import DEFAULT_HOST, DEFAULT_METRICS_PORT, DEFAULT_PORT
 from rag.stack.profiles import (
@@ -87,11 +87,7 @@ def _warm(model_set: str, models_dir: Path) -> None:
 
 
 @main.command(context_settings=CONTEXT)
-@click.option(
-    "--file", "-f", "path", type=click.Path(dir_okay=False, path_type=Path),
-    envvar="RAG_DEPLOY_FILE", default=Path("inference.yaml"), show_default=True, show_envvar=True,
-    help="The deploy descriptor to check.",
-)  # fmt: skip
+@deploy_file_option("The deploy descriptor to check.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
     "--facts-from", type=click.Path(file_okay=False, exists=True, path_type=Path), metavar="DIR",
@@ -196,11 +192,7 @@ def check(path: Path, as_json: bool, facts_from: Path | None, model_id: str | No
     "--profile", type=click.Choice(["cpu", "gpu"]), envvar="RAG_PROFILE", default=None, show_envvar=True,
     help="Which configs to boot [default: gpu if an NVIDIA device is visible, else cpu].",
 )  # fmt: skip
-@click.option(
-    "--file", "-f", "path", type=click.Path(dir_okay=False, path_type=Path),
-    envvar="RAG_DEPLOY_FILE", default=Path("inference.yaml"), show_default=True, show_envvar=True,
-    help="Deploy descriptor naming the serve module.",
-)  # fmt: skip
+@deploy_file_option("Deploy descriptor naming the serve module.")
 @click.option(
     "--num-cpus", type=click.IntRange(1), envvar="RAG_RAY_CPUS", default=12,
     show_default=True, show_envvar=True,

@@ -68,6 +68,7 @@ class Deploy:
     vllm: dict[str, Any]
     gpus: int = 1
     replicas: dict[str, descriptor.Replicas] = field(default_factory=dict)
+    name: str = ""
 
 
 @dataclass
@@ -112,6 +113,7 @@ def load_deploy(path: Path) -> Deploy:
         vllm=spec.vllm.model_dump(exclude_none=True),
         gpus=spec.resources.gpus,
         replicas={role: spec.replicas_of(role) for role in ROLES},
+        name=spec.name,
     )
 
 

@@ -253,7 +253,7 @@ def _join_ray(address: str, env: dict[str, str]) -> None:
             "(HEAD:6379), its Ray Client address (ray://HEAD:10001), or `auto` on one of its nodes"
         )
     host = urlsplit(target if "://" in target else f"ray://{target}").hostname or ""
-    if host in (LOOPBACK, "localhost", "::1"):  # a one-machine cluster: keep Ray on loopback too
+    if auth.is_loopback(host):  # a one-machine cluster: keep Ray on loopback too
         os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:

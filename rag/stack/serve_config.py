@@ -24,7 +24,7 @@ from typing import Any
 
 from rag.errors import ConfigError
 from rag.stack.auth import KEY_FILE_ENV, is_loopback
-from rag.stack.descriptor import DeployFile
+from rag.stack.preflight import Deploy
 from rag.stack.serve import OFFLINE_ENV, SERVE_ENV
 
 __all__ = ["node_env", "serve_config"]
@@ -37,7 +37,7 @@ def node_env() -> dict[str, str]:
 
 
 def serve_config(
-    deploy: DeployFile,
+    deploy: Deploy,
     *,
     profile: str,
     host: str = "0.0.0.0",
@@ -71,7 +71,7 @@ def serve_config(
         )
     if working_dir:
         runtime_env["working_dir"] = working_dir
-    module = deploy.model.module.removeprefix("scripts/").removesuffix(".py").replace("/", ".")
+    module = deploy.module_path.stem  # load_deploy found it under scripts/
     config = {
         "proxy_location": "EveryNode",  # a Service in front may send a request to any node
         "http_options": {"host": host, "port": port},
