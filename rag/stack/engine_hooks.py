@@ -76,8 +76,8 @@ class InProcessEngine(Engine):
 
 class CpuExecutor(UniProcExecutor):
     """vLLM's single-process executor as the CPU profile runs it: computing at nice
-    RAG_ENGINE_NICE (the serve module sets it; 0 leaves the priority alone), and with
-    one OpenMP thread for a step of a single token.
+    RAG_ENGINE_NICE (the serve module sets it; 0 leaves the priority alone), on every
+    OpenMP thread it was given (OMP_NUM_THREADS), with one gloo group.
 
     On a CPU the engines' compute and the requests' front door (Ray's proxy, our
     ingress, the replicas that stream tokens) share the cores. At the same priority a
@@ -88,42 +88,32 @@ class CpuExecutor(UniProcExecutor):
     EngineCore's main thread before the model loads, so the OpenMP threads it starts
     inherit it.
 
-    Threads: a prefill or a batch of decodes runs faster on every core the engine was
-    given, one sequence's decode step slower (2-core EPYC: 64 tokens in 3.80 s on two
-    threads against 3.44 s on one), so a step that computes one token uses one. Until
-    vLLM's no-op was seen (below) this switch did nothing; working, one request at a
-    time gave 23.6 tok/s against 21.5 and 22.6 without it (2-core EPYC, avx512_bf16, one
-    run each: within the spread of a run).
+    Threads: every step runs on all of them, as vLLM's own CPU worker does. A step of a
+    single token used to drop to one thread; on one 2-core EPYC that was within the
+    spread of a run (23.6 tok/s one request at a time, against 21.5 and 22.6), on another
+    (avx512_bf16, no AMX) it cost a fifth of the speed of one stream: 13.0 / 13.2 tok/s
+    against 15.4 / 16.0 on all threads (`rag bench --levels 1,4`, seeds 7 and 8, prompts
+    the stack had not seen), so it went (issue 33).
 
     Not done: binding the chat's OpenMP threads to cores (OMP_PROC_BIND=close,
     OMP_PLACES={0},{1}, as bare vLLM binds its worker). In the EngineCore that pins the
     main thread, which schedules, and every thread started after it to core 0: 9.4 /
     43.9 / 54.7 / 61.2 tok/s at concurrency 1 / 4 / 16 / 64 against 21.5 / 53.5 / 91.7 /
-    106.4 unbound (same machine)."""
+    106.4 unbound (same machine). Nor does vLLM's own multiprocess executor, its worker
+    bound as bare vLLM's is (VLLM_CPU_OMP_THREADS_BIND=0-1), help inside the stack: 15.9 /
+    29.7 / 59.7 / 58.8 against 15.7 / 41.8 / 60.0 / 62.8 in-process (2-core EPYC, one run
+    each)."""
 
     def _init_executor(self) -> None:
         nice = int(os.environ.get("RAG_ENGINE_NICE") or 0)
         if nice > 0:
             os.nice(nice)
-        import torch
-
-        # vLLM's CPU worker replaces torch.set_num_threads with a no-op that logs a
-        # warning (cpu_worker.py, init_device): keep the real one from before it does.
-        self._set_threads = torch.set_num_threads
-        self._threads = self._now = torch.get_num_threads()
         with _one_gloo_group():
             super()._init_executor()
 
     def shutdown(self) -> None:
         super().shutdown()
         _forget_shared_group()
-
-    def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
-        want = 1 if scheduler_output.total_num_scheduled_tokens <= 1 else self._threads
-        if want != self._now:
-            self._set_threads(want)  # this thread runs the model: run_method, not a pool
-            self._now = want
-        return super().execute_model(scheduler_output, non_block)
 
 
 # A single-rank engine's process groups, all one: see _one_gloo_group.
