@@ -42,7 +42,10 @@ from rag.stack.profiles import (
 )
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-DEPLOY_FILE = Path(__file__).resolve().parent.parent / "inference.yaml"  # its replicas: block
+# Its replicas: block; `rag serve --file` names another (a node with none: one replica each).
+DEPLOY_FILE = Path(
+    os.environ.get("RAG_DEPLOY_FILE") or Path(__file__).resolve().parents[1] / "inference.yaml"
+)
 MiB = 1 << 20
 
 
@@ -84,6 +87,15 @@ def _deployment(role: str, batch: int, retry_after_s: float) -> dict[str, Any]:
     }
 
 
+def _bundle(role: str, own: dict[str, float]) -> dict[str, Any]:
+    """`role`'s placement group: one bundle, its own CPU (and card share) plus the custom
+    resources inference.yaml names for it (`replicas.ROLE.resources`: which nodes may
+    hold it, and how many there)."""
+    from rag.stack.descriptor import replicas_for
+
+    return {"bundles": [own | replicas_for(role, DEPLOY_FILE).resources]}
+
+
 # Tool calls: Qwen2.5 and Qwen3 write <tool_call>{json}</tool_call>, vLLM's `hermes` parser.
 # The CPU model writes the JSON without the tags; `hermes_json` (rag/stack/tool_parser.py)
 # reads both.
@@ -113,7 +125,7 @@ def hf_token() -> dict[str, str]:
 def _gpu_configs() -> dict[str, LLMConfig]:
     def placement(role: str) -> dict[str, Any]:
         # Fractional GPU bundles let Ray place all four engines on one card.
-        return {"bundles": [{"GPU": GPU_SHARES[role], "CPU": 1}]}
+        return _bundle(role, {"GPU": GPU_SHARES[role], "CPU": 1})
 
     chat = LLMConfig(
         model_loading_config={"model_id": "chat", "model_source": "Qwen/Qwen3-4B-Instruct-2507-FP8"},
@@ -202,7 +214,7 @@ def cpu_threads(cores: int | None = None) -> dict[str, int]:
     questions on a fresh stack: 1.53 s with a 2-thread chat, 1.85 s with a 1-thread one
     (chat first token 1.0 against 1.4 s). Since the chat takes every
     core, the server tells clients not to overlap it with the reranker (overlap_stages).
-    A step of one token runs on one thread all the same (rag/stack/engine_hooks.py
+    Every step runs on all of them, a one-token decode step too (rag/stack/engine_hooks.py
     CpuExecutor)."""
     cores = cores or len(os.sched_getaffinity(0))
     given = os.environ.get("RAG_ENGINE_THREADS")
@@ -227,10 +239,10 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     folders = {role: str(default_models_dir() / name) for role, name in CPU_MODEL_SETS[model_set].items()}
     classifier = _two_token_classifier(_CLASSIFIER_ARCH[model_set])
 
-    def placement() -> dict[str, Any]:
+    def placement(role: str) -> dict[str, Any]:
         # Ray infers a CPU deployment from CPU-only bundles. One logical CPU each:
         # `rag serve` starts Ray with more logical CPUs than cores (engines mostly wait).
-        return {"bundles": [{"CPU": 1}]}
+        return _bundle(role, {"CPU": 1})
 
     # bf16 where the CPU computes in it natively, float32 where torch would emulate
     # it (37x slower on AVX2). The CPU profile needs the `rag` package anyway (it
@@ -274,7 +286,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
         model_loading_config={"model_id": "chat", "model_source": folders["chat"]},
         # A 64-token answer takes 3-8 s on 2 cores: a refused caller waits one of them.
         deployment_config=_deployment("chat", batch=64, retry_after_s=5),
-        placement_group_config=placement(),
+        placement_group_config=placement("chat"),
         callback_config=local,
         runtime_env=runtime_env("chat"),
         # Each token on its own: on CPU a stream gets one every 50-250 ms, so Ray's default
@@ -294,7 +306,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     guard = LLMConfig(
         model_loading_config={"model_id": "guard", "model_source": folders["guard"]},
         deployment_config=_deployment("guard", batch=32, retry_after_s=2),
-        placement_group_config=placement(),
+        placement_group_config=placement("guard"),
         callback_config=local,
         runtime_env=runtime_env("guard"),
         engine_kwargs=common
@@ -312,7 +324,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     embed = LLMConfig(
         model_loading_config={"model_id": "embed", "model_source": folders["embed"]},
         deployment_config=_deployment("embed", batch=64, retry_after_s=2),
-        placement_group_config=placement(),
+        placement_group_config=placement("embed"),
         callback_config=local,
         runtime_env=runtime_env("embed"),
         engine_kwargs=common
@@ -328,7 +340,7 @@ def _cpu_configs() -> dict[str, LLMConfig]:
     score = LLMConfig(
         model_loading_config={"model_id": "score", "model_source": folders["score"]},
         deployment_config=_deployment("score", batch=32, retry_after_s=2),
-        placement_group_config=placement(),
+        placement_group_config=placement("score"),
         callback_config=local,
         runtime_env=runtime_env("score"),
         engine_kwargs=common

@@ -169,6 +169,9 @@ def test_serve_onto_a_cluster_where_nothing_listens_says_so_at_once(
     result = runner.invoke(main, ["serve", "--profile", "cpu", "--address", "auto"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "no Ray cluster was started or joined with `ray start`" in result.output.strip().splitlines()[-1]
+    # Where a cluster's proxies run means nothing for the private one.
+    result = runner.invoke(main, ["serve", "--profile", "cpu", "--proxies", "head"])
+    assert result.exit_code == 1 and "--proxies chooses where a cluster's proxies run" in result.output
 
 
 def test_serve_on_a_taken_metrics_port_says_which_option_moves_it(

@@ -20,7 +20,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ScoreRequest,
 )
 from ray.serve.exceptions import BackPressureError
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.testclient import TestClient
 
 from rag.stack.ingress import (
@@ -126,7 +126,7 @@ def client() -> TestClient:
                     num_queued_requests=64, max_queued_requests=64, status_code=429, retry_after_s=4.2
                 )
 
-            return await RagIngress.unless_busy(queue_full())
+            return await RagIngress.unless_busy(queue_full)
         if body.model == "long":
             raise OpenAIHTTPException(
                 400, "This model's maximum context length is 4096 tokens", "BadRequestError"
@@ -157,6 +157,36 @@ def test_backpressure_is_a_429_with_retry_after(client: TestClient) -> None:
     r = client.post("/v1/chat/completions", json=busy)
     assert error_of(r, 429)["type"] == "rate_limit_error"
     assert r.headers["retry-after"] == "5"  # whole seconds, rounded up
+
+
+def test_a_call_whose_replica_died_before_answering_goes_again_and_gives_up_with_a_503() -> None:
+    """A node lost kills the replica a request was waiting on; nothing has reached the
+    client yet, so the ingress calls again (Serve's router picks a live replica then).
+    A dead replica cannot be produced on demand here: the calls are fakes."""
+    from ray.exceptions import ActorDiedError
+
+    from rag.stack.ingress.app import LOST_REPLICA_TRIES
+
+    calls: list[int] = []
+
+    async def dies_once() -> Response:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ActorDiedError()
+        return JSONResponse({"ok": True})
+
+    r = asyncio.run(RagIngress.unless_busy(dies_once))
+    assert r.status_code == 200 and len(calls) == 2
+
+    calls.clear()
+
+    async def always_dies() -> Response:
+        calls.append(1)
+        raise ActorDiedError()
+
+    r = asyncio.run(RagIngress.unless_busy(always_dies))
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert len(calls) == LOST_REPLICA_TRIES and b"replicas were lost" in bytes(r.body)
 
 
 def test_admission_holds_a_batch_and_a_queue_per_engine_for_the_whole_stream() -> None:

@@ -266,6 +266,11 @@ ERRORS: list[tuple[str, Edit, str]] = [
         "`replicas.chat`: min (3) is above max (2)",
     ),
     (
+        "replicas-builtin-resource",
+        replace(YAML, "vllm:\n", "replicas:\n  chat: {resources: {GPU: 2}}\nvllm:\n"),
+        "`replicas.chat.resources`: GPU: set by the serve module",
+    ),
+    (
         "replicas-typo-key",
         replace(YAML, "vllm:\n", "replicas:\n  chat: {maxx: 2}\nvllm:\n"),
         "did you mean `replicas.chat.max`",
@@ -302,12 +307,15 @@ def test_replicas_come_from_inference_yaml_and_must_fit_the_cards(repo: Path) ->
     packs the most replicas allowed onto `resources.gpus` cards before Ray is asked."""
     from rag.stack.preflight import load_configs
 
-    replace(YAML, "vllm:\n", "replicas:\n  chat: {min: 1, max: 2}\nvllm:\n")(repo)
+    replace(YAML, "vllm:\n", "replicas:\n  chat: {min: 1, max: 2, resources: {chat_node: 1}}\nvllm:\n")(repo)
     configs = load_configs(repo / MODULE, "gpu")
     assert configs["chat"].deployment_config["autoscaling_config"] == {
         "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 16.0,
     }  # fmt: skip
+    # Only on nodes that advertise chat_node, one per unit of it.
+    assert configs["chat"].placement_group_config["bundles"] == [{"GPU": 0.32, "CPU": 1, "chat_node": 1}]
     assert configs["guard"].deployment_config["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 1}
+    assert configs["guard"].placement_group_config["bundles"] == [{"GPU": 0.40, "CPU": 1}]
     report = check(repo / "inference.yaml")  # two chats (0.32 each) and a set do not fit one card
     assert [f.rule for f in report.findings] == ["replicas-fit-cards"], report.findings
     assert "raise `resources.gpus`" in report.findings[0].message

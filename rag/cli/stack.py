@@ -233,12 +233,17 @@ def check(path: Path, as_json: bool, facts_from: Path | None, model_id: str | No
     help="Deploy onto this running Ray cluster instead of booting a private one; Ctrl-C deletes the "
     "app and leaves the cluster running (docs/cluster.md: what its nodes need).",
 )  # fmt: skip
+@click.option(
+    "--proxies", type=click.Choice(["every-node", "head"]), default="every-node", show_default=True,
+    help="With --address: Serve's HTTP proxy on every node of the cluster, or on the head only "
+    "(one entry point; or several Ray nodes on one machine, whose proxies would share --port).",
+)  # fmt: skip
 @click.option("--exit-after-ready", is_flag=True, hidden=True)
 @friendly
 def serve(
     host: str, port: int, profile: str | None, path: Path, num_cpus: int, boot_timeout: float,
     metrics_port: int, api_keys: tuple[str, ...], key_files: tuple[Path, ...], allow_unauthenticated: bool,
-    index_dir: Path, address: str | None, exit_after_ready: bool,
+    index_dir: Path, address: str | None, proxies: str, exit_after_ready: bool,
 ) -> None:  # fmt: skip
     """Boot the four engines on this machine and serve until Ctrl-C.
 
@@ -284,6 +289,7 @@ def serve(
       RAG_CPU_DTYPE=float32 rag serve
       rag serve --metrics-port 0
       rag serve --address auto          # onto the Ray cluster this node belongs to
+      rag serve --address HEAD:6379 --proxies head
     """
     from rag.stack.preflight import load_deploy
     from rag.stack.serve import serve_forever
@@ -310,6 +316,8 @@ def serve(
             "--api-key-file FILE (or RAG_API_KEY), or pass --allow-unauthenticated if that network "
             "is yours alone"
         )
+    if proxies != "every-node" and not address:
+        raise ConfigError("--proxies chooses where a cluster's proxies run: use it with --address")
     index_dir = index_dir.expanduser().resolve()
     os.environ["RAG_INDEX_DIR"] = str(index_dir)  # for the serve module
     url_out = _stdout_for_results_only()
@@ -324,7 +332,8 @@ def serve(
     serve_forever(
         deploy.module_path, host=host, port=port, profile=profile, num_cpus=num_cpus,
         boot_timeout_s=boot_timeout, log=err, on_ready=ready, metrics_port=metrics_port or None,
-        api_keys=keys, exit_after_ready=exit_after_ready, address=address,
+        api_keys=keys, exit_after_ready=exit_after_ready, address=address, head_proxy_only=proxies == "head",
+        deploy_file=deploy.path,
     )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -56,11 +57,30 @@ class Vllm(_Block):
 
 class Replicas(_Block):
     """One role's replicas: Serve's autoscaler keeps between `min` and `max`, aiming at
-    `target_ongoing_requests` in flight per replica."""
+    `target_ongoing_requests` in flight per replica.
+
+    `resources`: custom Ray resources each replica asks for beside its CPU and its share
+    of a card, e.g. `{chat_node: 1}`. Ray then places the role only on nodes that
+    advertise the resource (`ray start --resources '{"chat_node": 1}'`), at most as many
+    per node as it has: one per node spreads the replicas, so losing a node loses one.
+    (Serve's own `max_replicas_per_node` is refused for engines, which Ray Serve LLM
+    places in placement groups.)"""
 
     min: int = Field(default=1, ge=0)
     max: PositiveInt = 1
     target_ongoing_requests: PositiveFloat | None = None
+    resources: dict[str, PositiveFloat] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, value: dict[str, float]) -> dict[str, float]:
+        builtin = sorted(set(value) & {"CPU", "GPU", "memory", "object_store_memory"})
+        if builtin:
+            raise ValueError(
+                f"{', '.join(builtin)}: set by the serve module (a CPU and a card share per engine); "
+                "name custom resources here, ones your nodes advertise with `ray start --resources`"
+            )
+        return value
 
     @model_validator(mode="after")
     def _ordered(self) -> Replicas:

@@ -348,13 +348,16 @@ def serve_forever(
     api_keys: tuple[str, ...] = (),
     exit_after_ready: bool = False,
     address: str | None = None,
+    head_proxy_only: bool = False,
+    deploy_file: Path | None = None,
 ) -> None:
     """Boot, wait until all four engines answer, call on_ready(url), serve until stopped.
 
     With `address` (`auto`, `ray://HEAD:10001`), the app goes onto that running cluster
     instead of a private one: Ray's ports and Serve's settings are the cluster's (its
-    nodes' environment, docs/cluster.md), Serve's proxies listen on `host` on its nodes,
-    and the keys' digests are computed here, as on one machine.
+    nodes' environment, docs/cluster.md), Serve's proxies listen on `host` on its nodes
+    (on the head alone with `head_proxy_only`), and the keys' digests are computed here,
+    as on one machine.
 
     With `metrics_port`, Ray's Prometheus endpoint (vLLM engine and Serve metrics)
     listens on that port of 127.0.0.1, and /metrics relays it behind the API key.
@@ -408,10 +411,13 @@ def serve_forever(
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # per-deployment option dumps
     try:
         logs = RAY_LOGS
-        serve.start(http_options={"host": host, "port": port})
+        where = "HeadOnly" if head_proxy_only else None  # None: Serve's default, every node
+        serve.start(proxy_location=where, http_options={"host": host, "port": port})
         # For the serve module, read in this process only (Ray's are started already).
         os.environ[auth.KEY_ENV] = ",".join(api_keys)
         os.environ["RAG_METRICS_PORT"] = str(metrics_port or 0)
+        if deploy_file is not None:  # whose replicas: block the module reads (--file)
+            os.environ["RAG_DEPLOY_FILE"] = str(deploy_file.resolve())
         # vLLM logs to stdout on import; stdout is for the URL alone.
         with contextlib.redirect_stdout(sys.stderr):
             module = _load_module(module_path)

@@ -19,14 +19,18 @@ the methods of the class it is given), and the builder that binds them.
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures' types.
 
+import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
@@ -82,6 +86,10 @@ __all__ = ["ENDPOINTS", "RagIngress", "build_app", "make_app"]
 
 WEB = Path(__file__).resolve().parent / "web"  # the page: plain files, no build step, no CDN
 WEB_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+logger = logging.getLogger("ray.serve")
+# Calls to an engine whose replica died before answering: the first and two more, on the
+# replicas Serve's router still has (a node lost takes one of each role it held).
+LOST_REPLICA_TRIES = 3
 WEB_FILES = frozenset(p.name for p in WEB.iterdir() if p.suffix in WEB_TYPES) if WEB.is_dir() else frozenset()
 # Everything the page loads comes from here; nothing inline, nothing from elsewhere.
 PAGE_POLICY = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'"
@@ -151,34 +159,50 @@ class RagIngress(OpenAiIngress):
         return refuse(refusal) if refusal is not None else None
 
     @staticmethod
-    async def unless_busy(call: Awaitable[Response]) -> Response:
-        """The engine's response, or a 429 with Retry-After when its queue is full."""
-        try:
-            return await call
-        except BackPressureError as exc:
-            return backpressure_error(exc)
+    async def unless_busy(call: Callable[[], Awaitable[Response]]) -> Response:
+        """The engine's response; a 429 with Retry-After when its queue is full; and the
+        call made again when the replica it went to died before answering.
+
+        A replica lost with its node (or its process killed) fails every request it held.
+        Those that had not answered yet have sent the client nothing, so they go again:
+        Serve's router has struck the dead replica off by then and picks a live one. A
+        stream that had started cannot be taken back, and fails (tests/test_cluster.py)."""
+        for attempt in range(1, LOST_REPLICA_TRIES + 1):
+            try:
+                return await call()
+            except BackPressureError as exc:
+                return backpressure_error(exc)
+            except RayActorError as exc:
+                if attempt == LOST_REPLICA_TRIES:
+                    return openai_error(
+                        503, f"the engine's replicas were lost {attempt} times in a row "
+                        f"({type(exc).__name__}); retry shortly", headers={"Retry-After": "5"},
+                    )  # fmt: skip
+                logger.warning("a replica died before answering (%s); trying again", type(exc).__name__)
+                await asyncio.sleep(0.2 * attempt)
+        raise AssertionError("unreachable")
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         if body.model == RAG_MODEL and self._rag is not None:
             return await self._rag.respond(body)
         refused = self._check(body.model, lambda lim: check_chat(body, lim))
-        return refused or await self.unless_busy(super().chat(body, request))
+        return refused or await self.unless_busy(partial(super().chat, body, request))
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         refused = self._only_chat(body.model) or self._check(
             body.model, lambda lim: check_completion(body, lim)
         )
-        return refused or await self.unless_busy(super().completions(body, request))
+        return refused or await self.unless_busy(partial(super().completions, body, request))
 
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
         refused = self._only_chat(body.model) or self._check(
             body.model, lambda lim: check_embeddings(body, lim)
         )
-        return refused or await self.unless_busy(super().embeddings(body, request))
+        return refused or await self.unless_busy(partial(super().embeddings, body, request))
 
     async def score(self, body: ScoreRequest, request: Request) -> Response:
         refused = self._only_chat(body.model) or self._check(body.model, lambda lim: check_score(body, lim))
-        return refused or await self.unless_busy(super().score(self._as_trained(body), request))
+        return refused or await self.unless_busy(partial(super().score, self._as_trained(body), request))
 
     def _as_trained(self, body: ScoreRequest) -> ScoreRequest:
         """`body` with each document cut where the reranker was trained to read it (its
@@ -190,10 +214,10 @@ class RagIngress(OpenAiIngress):
         return body.model_copy(update={"max_tokens_per_doc": int(trained)})
 
     async def tokenize(self, body: TokenizeCompletionRequest, request: Request) -> Response:
-        return await self.unless_busy(super().tokenize(body, request))
+        return await self.unless_busy(partial(super().tokenize, body, request))
 
     async def detokenize(self, body: DetokenizeRequest, request: Request) -> Response:
-        return await self.unless_busy(super().detokenize(body, request))
+        return await self.unless_busy(partial(super().detokenize, body, request))
 
     async def rerank(self, body: RerankRequest, request: Request) -> Response:
         """Cohere / Jina / vLLM rerank, through the score engine's /v1/score."""
@@ -212,7 +236,7 @@ class RagIngress(OpenAiIngress):
         refused = self._check(body.model, lambda lim: check_score(score, lim, field="documents"))
         if refused:
             return refused
-        response = await self.unless_busy(super().score(self._as_trained(score), request))
+        response = await self.unless_busy(partial(super().score, self._as_trained(score), request))
         if response.status_code != 200 or not isinstance(response, JSONResponse):
             return response
         scored = json.loads(bytes(response.body))
