@@ -126,7 +126,7 @@ def client() -> TestClient:
                     num_queued_requests=64, max_queued_requests=64, status_code=429, retry_after_s=4.2
                 )
 
-            return await RagIngress.unless_busy(queue_full)
+            return await RagIngress.call_engine(queue_full)
         if body.model == "long":
             raise OpenAIHTTPException(
                 400, "This model's maximum context length is 4096 tokens", "BadRequestError"
@@ -175,7 +175,7 @@ def test_a_call_whose_replica_died_before_answering_goes_again_and_gives_up_with
             raise ActorDiedError()
         return JSONResponse({"ok": True})
 
-    r = asyncio.run(RagIngress.unless_busy(dies_once))
+    r = asyncio.run(RagIngress.call_engine(dies_once))
     assert r.status_code == 200 and len(calls) == 2
 
     calls.clear()
@@ -184,9 +184,41 @@ def test_a_call_whose_replica_died_before_answering_goes_again_and_gives_up_with
         calls.append(1)
         raise ActorDiedError()
 
-    r = asyncio.run(RagIngress.unless_busy(always_dies))
+    r = asyncio.run(RagIngress.call_engine(always_dies))
     assert r.status_code == 503 and r.headers["retry-after"] == "5"
     assert len(calls) == LOST_REPLICA_TRIES and b"replicas were lost" in bytes(r.body)
+
+
+def test_the_rag_models_engine_calls_go_again_when_a_replica_died_before_answering() -> None:
+    """The `rag` model's own calls (HandleEngines) ride out a lost replica as they ride
+    out a full queue, and say which it was when they give up."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from ray.exceptions import ActorDiedError
+
+    from rag.settings import Settings
+    from rag.stack.ingress.handles import EngineError, HandleEngines
+
+    calls: list[str] = []
+
+    def call(body: Any, method: str) -> Any:
+        calls.append(method)
+
+        async def responses() -> Any:
+            if len(calls) == 1 or body.model == "lost":
+                raise ActorDiedError()
+            yield {"data": []}
+
+        return responses()
+
+    settings = dataclasses.replace(Settings.from_env(), retry_deadline_s=1.0)
+    engines = HandleEngines(call, asyncio.new_event_loop(), settings, {})
+    assert asyncio.run(engines._first(SimpleNamespace(model="embed"), "embeddings")) == {"data": []}
+    assert calls == ["embeddings", "embeddings"]
+    with pytest.raises(EngineError, match="replicas kept dying before answering") as info:
+        asyncio.run(engines._first(SimpleNamespace(model="lost"), "embeddings"))
+    assert info.value.status == 503
 
 
 def test_admission_holds_a_batch_and_a_queue_per_engine_for_the_whole_stream() -> None:

@@ -159,7 +159,7 @@ class RagIngress(OpenAiIngress):
         return refuse(refusal) if refusal is not None else None
 
     @staticmethod
-    async def unless_busy(call: Callable[[], Awaitable[Response]]) -> Response:
+    async def call_engine(call: Callable[[], Awaitable[Response]]) -> Response:
         """The engine's response; a 429 with Retry-After when its queue is full; and the
         call made again when the replica it went to died before answering.
 
@@ -186,23 +186,23 @@ class RagIngress(OpenAiIngress):
         if body.model == RAG_MODEL and self._rag is not None:
             return await self._rag.respond(body)
         refused = self._check(body.model, lambda lim: check_chat(body, lim))
-        return refused or await self.unless_busy(partial(super().chat, body, request))
+        return refused or await self.call_engine(partial(super().chat, body, request))
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         refused = self._only_chat(body.model) or self._check(
             body.model, lambda lim: check_completion(body, lim)
         )
-        return refused or await self.unless_busy(partial(super().completions, body, request))
+        return refused or await self.call_engine(partial(super().completions, body, request))
 
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
         refused = self._only_chat(body.model) or self._check(
             body.model, lambda lim: check_embeddings(body, lim)
         )
-        return refused or await self.unless_busy(partial(super().embeddings, body, request))
+        return refused or await self.call_engine(partial(super().embeddings, body, request))
 
     async def score(self, body: ScoreRequest, request: Request) -> Response:
         refused = self._only_chat(body.model) or self._check(body.model, lambda lim: check_score(body, lim))
-        return refused or await self.unless_busy(partial(super().score, self._as_trained(body), request))
+        return refused or await self.call_engine(partial(super().score, self._as_trained(body), request))
 
     def _as_trained(self, body: ScoreRequest) -> ScoreRequest:
         """`body` with each document cut where the reranker was trained to read it (its
@@ -214,10 +214,10 @@ class RagIngress(OpenAiIngress):
         return body.model_copy(update={"max_tokens_per_doc": int(trained)})
 
     async def tokenize(self, body: TokenizeCompletionRequest, request: Request) -> Response:
-        return await self.unless_busy(partial(super().tokenize, body, request))
+        return await self.call_engine(partial(super().tokenize, body, request))
 
     async def detokenize(self, body: DetokenizeRequest, request: Request) -> Response:
-        return await self.unless_busy(partial(super().detokenize, body, request))
+        return await self.call_engine(partial(super().detokenize, body, request))
 
     async def rerank(self, body: RerankRequest, request: Request) -> Response:
         """Cohere / Jina / vLLM rerank, through the score engine's /v1/score."""
@@ -236,7 +236,7 @@ class RagIngress(OpenAiIngress):
         refused = self._check(body.model, lambda lim: check_score(score, lim, field="documents"))
         if refused:
             return refused
-        response = await self.unless_busy(partial(super().score, self._as_trained(score), request))
+        response = await self.call_engine(partial(super().score, self._as_trained(score), request))
         if response.status_code != 200 or not isinstance(response, JSONResponse):
             return response
         scored = json.loads(bytes(response.body))

@@ -6,7 +6,9 @@ loop, where it goes through the same handle call Ray's ingress makes for an HTTP
 request (`OpenAiIngress._get_response`): Serve composition, no HTTP back into our
 own port, no second copy of a request's JSON. An engine whose Serve queue is full
 (BackPressureError: the `rag` model's calls are not counted by the edge's
-Admission) is waited out with backoff; an engine's error becomes EngineError.
+Admission) is waited out with backoff, as is a replica that died before answering
+(RayActorError: its node lost; the call goes again, to a replica Serve's router still
+has); an engine's error becomes EngineError.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequenc
 from typing import Any
 
 import numpy as np
+from ray.exceptions import RayActorError
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     EmbeddingCompletionRequest,
@@ -74,10 +77,10 @@ class HandleEngines:
             stream = self._call(body, method)
             try:
                 response = await stream.__anext__()
-            except BackPressureError as exc:
+            except (BackPressureError, RayActorError) as exc:
                 waited = time.monotonic() - start
                 if pause is None or waited + pause > self.settings.retry_deadline_s:
-                    raise EngineError(body.model, 429, f"its queue stayed full for {waited:.0f} s") from exc
+                    raise _gave_up(body.model, exc, waited) from exc
                 await asyncio.sleep(pause)
                 continue
             finally:
@@ -165,13 +168,19 @@ class HandleEngines:
             stream = self._call(body, "chat")
             try:
                 return stream, self._wait(_next(stream))
-            except BackPressureError as exc:
+            except (BackPressureError, RayActorError) as exc:
                 self._wait(stream.aclose())
                 waited = time.monotonic() - start
                 if pause is None or waited + pause > self.settings.retry_deadline_s:
-                    raise EngineError(body.model, 429, f"its queue stayed full for {waited:.0f} s") from exc
+                    raise _gave_up(body.model, exc, waited) from exc
                 time.sleep(pause)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _gave_up(model: str, exc: Exception, waited: float) -> EngineError:
+    if isinstance(exc, BackPressureError):
+        return EngineError(model, 429, f"its queue stayed full for {waited:.0f} s")
+    return EngineError(model, 503, f"its replicas kept dying before answering for {waited:.0f} s")
 
 
 async def _next(stream: AsyncGenerator[Any, None]) -> Any:
