@@ -8,14 +8,14 @@ the way a user deploys onto a running cluster. Then:
 
 1. a burst is served by both chat replicas (each replica's request counter, read from
    each node's metrics endpoint);
-2. every process of the worker node is killed mid-burst, as when its machine dies: no
-   request fails before its first token (Serve could have sent those elsewhere; a
-   stream cut midway cannot be retried), requests sent after the kill are answered by
-   the head's replica, and the second replica comes back on a node added in the dead
-   one's place, as KubeRay or an autoscaler would add it.
+2. every process of the worker node is killed mid-burst (once half of it streams),
+   as when its machine dies: no request fails before its first token (the ingress sends
+   those again, to the head's replica; a stream cut midway cannot be retried), requests
+   sent after the kill are answered, and the second replica comes back on a node added
+   in the dead one's place, as KubeRay or an autoscaler would add it.
 
-Not in `make test`: the two nodes hold about 15 GiB, and the suite's own stack would not
-fit beside them. The numbers go to pytest's output and the README ("Past one machine").
+Not in `make test`: the two nodes hold about 13 GiB, and the suite's own stack would not
+fit beside them. The numbers go to pytest's output and the README ("Replicas per role").
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ def _settled(ports: list[int]) -> dict[str, float]:
     return last
 
 
-async def _chat(client: httpx.AsyncClient, i: int) -> dict[str, Any]:
-    """One streamed chat: whether it ended well, and how many tokens came before it ended."""
+async def _chat(client: httpx.AsyncClient, i: int, streaming: set[int] | None = None) -> dict[str, Any]:
+    """One streamed chat: whether it ended well, and how many tokens came before it ended
+    (`i` joins `streaming` at its first token)."""
     body = {
         "model": "chat",
         "messages": [{"role": "user", "content": f"Request {i}: name three uses of a reranker."}],
@@ -112,27 +113,50 @@ async def _chat(client: httpx.AsyncClient, i: int) -> dict[str, Any]:
         "stream": True,
         "ignore_eos": True,
     }
-    tokens = 0
+    tokens, first = 0, 0.0
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
-                return {"ok": False, "tokens": 0, "status": r.status_code, "end": time.monotonic()}
+                return {
+                    "ok": False,
+                    "tokens": 0,
+                    "status": r.status_code,
+                    "first": first,
+                    "end": time.monotonic(),
+                }
             async for raw in r.aiter_lines():
                 if not raw.startswith("data: ") or raw == "data: [DONE]":
                     continue
                 event = json.loads(raw[6:])
                 if "error" in event:
-                    return {"ok": False, "tokens": tokens, "status": 200, "end": time.monotonic()}
+                    return {
+                        "ok": False,
+                        "tokens": tokens,
+                        "status": 200,
+                        "first": first,
+                        "end": time.monotonic(),
+                    }
                 if any(c.get("delta", {}).get("content") for c in event.get("choices", [])):
                     tokens += 1
+                    first = first or time.monotonic()
+                    if streaming is not None:
+                        streaming.add(i)
     except httpx.HTTPError as exc:
-        return {"ok": False, "tokens": tokens, "status": type(exc).__name__, "end": time.monotonic()}
-    return {"ok": tokens > 0, "tokens": tokens, "status": 200, "end": time.monotonic()}
+        return {
+            "ok": False,
+            "tokens": tokens,
+            "status": type(exc).__name__,
+            "first": first,
+            "end": time.monotonic(),
+        }
+    return {"ok": tokens > 0, "tokens": tokens, "status": 200, "first": first, "end": time.monotonic()}
 
 
-async def _burst(url: str, n: int, offset: int = 0) -> list[dict[str, Any]]:
+async def _burst(
+    url: str, n: int, offset: int = 0, streaming: set[int] | None = None
+) -> list[dict[str, Any]]:
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
-        return list(await asyncio.gather(*(_chat(client, offset + i) for i in range(n))))
+        return list(await asyncio.gather(*(_chat(client, offset + i, streaming) for i in range(n))))
 
 
 @pytest.fixture
@@ -270,8 +294,11 @@ def test_two_chat_replicas_on_two_nodes_share_a_burst_and_outlive_losing_one(
 
         # 2. The worker node dies mid-burst: every one of its processes killed at once.
         async def burst_with_a_node_lost() -> tuple[list[dict[str, Any]], float, list[dict[str, Any]]]:
-            task = asyncio.ensure_future(_burst(url, BURST, offset=100))
-            await asyncio.sleep(4)  # prefills done, tokens streaming on both replicas
+            streaming: set[int] = set()
+            task = asyncio.ensure_future(_burst(url, BURST, offset=100, streaming=streaming))
+            waited = time.monotonic()  # until half stream (on 2 shared cores prefills take seconds)
+            while len(streaming) < BURST // 2 and time.monotonic() - waited < 60:
+                await asyncio.sleep(0.2)
             victims = _tree(worker)
             for p in victims:
                 with contextlib.suppress(psutil.NoSuchProcess):
@@ -283,6 +310,9 @@ def test_two_chat_replicas_on_two_nodes_share_a_burst_and_outlive_losing_one(
         during, killed_at, after_kill = asyncio.run(burst_with_a_node_lost())
         served_again = min((r["end"] for r in after_kill if r["ok"]), default=float("nan")) - killed_at
         cut = [r for r in during if not r["ok"] and r["tokens"] > 0]
+        # In flight when the node died: streaming (a first token, no end yet) or waiting for one.
+        streaming_then = sum(0 < r["first"] < killed_at < r["end"] for r in during)
+        waiting_then = sum(not 0 < r["first"] < killed_at and killed_at < r["end"] for r in during)
         refused = [r for r in during + after_kill if not r["ok"] and r["tokens"] == 0]
         cluster.remove_node(worker, allow_graceful=False)
 
@@ -303,7 +333,9 @@ def test_two_chat_replicas_on_two_nodes_share_a_burst_and_outlive_losing_one(
             f"cluster: 2 nodes on one machine, booted in {booted:.0f} s; PSS head {memory['head']:.1f} GiB, "
             f"worker {memory['worker']:.1f} GiB; burst of {BURST} split "
             + " / ".join(f"{s:.0%}" for s in shares)
-            + f"; worker killed mid-burst: {finished} of {BURST} finished, {len(cut)} cut mid-stream, "
+            + f"; worker killed mid-burst ({streaming_then} streaming, {waiting_then} waiting, "
+            f"{BURST - streaming_then - waiting_then} done): {finished} of {BURST} finished, "
+            f"{len(cut)} cut mid-stream, "
             f"{len(refused)} failed before a token; of 4 sent after the kill "
             f"{sum(r['ok'] for r in after_kill)} answered, the first {served_again:.1f} s after it; "
             f"second replica back {back:.0f} s after the kill",

@@ -472,7 +472,8 @@ def check(path: Path) -> Report:
             f"{deploy.module_path} does not export `app`; end it with "
             "`app = build_openai_app(...)` (and list it in __all__ if it has one)",
         )
-    module = _import(deploy.module_path, deploy.profile)
+    # The module reads its replicas from the file checked here (as `rag serve --file` has it).
+    module = _import(deploy.module_path, deploy.profile, {"RAG_DEPLOY_FILE": str(deploy.path.resolve())})
     configs = _llm_configs(module)
     if not configs:
         report.add("no-configs", f"{deploy.module_path} defines no LLMConfig; declare one per engine")
