@@ -49,7 +49,7 @@ test: models browser  ## the whole suite: unit tests, then the real four-engine 
 test-fast: install  ## unit tests only: no stack, no Ray (about a minute)
 	@$(BIN)/python -m pytest tests -m "not stack and not ray and not cluster"; rc=$$?; [ $$rc -ne 5 ] || exit 1; exit $$rc
 
-test-cluster: models  ## the stack on a two-node Ray cluster on this machine, a node lost mid-burst (~15 GiB, minutes)
+test-cluster: models  ## the stack on a two-node Ray cluster on this machine, a node lost mid-burst (~13 GiB, 4 minutes)
 	@$(BIN)/python -m pytest tests -m cluster -v; rc=$$?; [ $$rc -ne 5 ] || exit 1; exit $$rc
 
 eval: models  ## the dev set (eval/dev.jsonl) over ./corpus, on the stack at RAG_BASE_URL (start it with `make run`)
