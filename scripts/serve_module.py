@@ -75,6 +75,10 @@ def _deployment(role: str, batch: int, retry_after_s: float) -> dict[str, Any]:
     max_num_seqs; Serve's default of 5 would starve a batching engine) and one more batch
     wait; beyond that a request is refused with 429 and Retry-After (rag/stack/ingress/)
     instead of waiting minutes behind an overload (Ray's LLM default queue is unbounded).
+
+    Health is checked every 2 s, not Ray LLM's 10: an engine whose EngineCore died says
+    so at once (vLLM's check reads a flag, nothing crosses to the engine), and Serve only
+    starts the replacement once a check has failed.
     """
     from rag.stack.descriptor import replicas_for
 
@@ -84,6 +88,7 @@ def _deployment(role: str, batch: int, retry_after_s: float) -> dict[str, Any]:
         "max_ongoing_requests": max_ongoing_requests,
         "max_queued_requests": batch,
         "backpressure_config": {"status_code": 429, "retry_after_s": retry_after_s},
+        "health_check_period_s": 2,
     }
 
 
