@@ -53,6 +53,28 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in 20000-{low - 1}")
 
 
+def listening_beyond_loopback(pids: set[int]) -> tuple[int, list[tuple[str, int, str]]]:
+    """How many sockets the processes `pids` listen on, and those not on loopback
+    (address, port, process name)."""
+    import ipaddress
+
+    import psutil
+
+    def loopback(ip: str) -> bool:
+        address = ipaddress.ip_address(ip.split("%", 1)[0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return address.is_loopback
+
+    listening = [
+        (c.laddr.ip, c.laddr.port, c.pid)
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    ]
+    exposed = [(ip, port, psutil.Process(pid).name()) for ip, port, pid in listening if not loopback(ip)]
+    return len(listening), exposed
+
+
 def report(request: pytest.FixtureRequest, line: str) -> None:
     """A line in pytest's own output (not captured): measurements a reader of CI wants."""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")

@@ -41,7 +41,7 @@ import pytest
 from rag.stack import footprint
 from rag.stack.loopback import LOOPBACK_ENV
 from rag.stack.serve_config import node_env
-from tests.conftest import free_port, report
+from tests.conftest import free_port, listening_beyond_loopback, report
 
 pytestmark = pytest.mark.cluster
 
@@ -271,6 +271,10 @@ def test_two_chat_replicas_on_two_nodes_share_a_burst_and_outlive_losing_one(
         assert _chat_replicas() == {"RUNNING": 2}
         replicas = _chat_replica_nodes()
         assert len(set(replicas.values())) == 2, replicas  # one on each node
+        # Both nodes, their workers and engines, and rag serve: nothing on another address.
+        ours = {p.pid for p in psutil.Process().children(recursive=True)}
+        listening, exposed = listening_beyond_loopback(ours)
+        assert listening >= 20 and not exposed, (listening, exposed)
         memory = {
             "head": footprint.measure(_raylet(cluster.head_node).pid).pss / GiB,
             "worker": footprint.measure(_raylet(worker).pid).pss / GiB,
@@ -330,7 +334,8 @@ def test_two_chat_replicas_on_two_nodes_share_a_burst_and_outlive_losing_one(
         finished = sum(r["ok"] for r in during)
         report(
             request,
-            f"cluster: 2 nodes on one machine, booted in {booted:.0f} s; PSS head {memory['head']:.1f} GiB, "
+            f"cluster: 2 nodes on one machine, booted in {booted:.0f} s, {listening} listening sockets, "
+            f"none beyond loopback; PSS head {memory['head']:.1f} GiB, "
             f"worker {memory['worker']:.1f} GiB; burst of {BURST} split "
             + " / ".join(f"{s:.0%}" for s in shares)
             + f"; worker killed mid-burst ({streaming_then} streaming, {waiting_then} waiting, "

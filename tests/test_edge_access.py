@@ -4,7 +4,6 @@ loopback, and the keys nowhere a process listing or another process would show t
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import psutil
 import pytest
 from openai import AuthenticationError, OpenAI
 
-from tests.conftest import Stack, report
+from tests.conftest import Stack, listening_beyond_loopback, report
 
 pytestmark = pytest.mark.stack
 
@@ -87,13 +86,6 @@ def test_metrics_are_relayed_behind_the_key(root: str, stack: Stack) -> None:
     assert r.status_code == 200 and "ray_" in r.text, r.text[:300]
 
 
-def _loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip.split("%", 1)[0])
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
-
-
 def test_nothing_of_the_stack_listens_beyond_loopback(stack: Stack, request: pytest.FixtureRequest) -> None:
     """Every listening socket of `rag serve` and all it started: Ray's GCS, raylet,
     agents, each worker's gRPC port, the metrics agent, vLLM's engine cores, Serve's
@@ -102,18 +94,13 @@ def test_nothing_of_the_stack_listens_beyond_loopback(stack: Stack, request: pyt
         pytest.skip("this session did not start the stack, so it does not know its processes")
     tree = [psutil.Process(stack.pid), *psutil.Process(stack.pid).children(recursive=True)]
     pids = {p.pid for p in tree}
-    listening = [
-        (c.laddr.ip, c.laddr.port, c.pid)
-        for c in psutil.net_connections(kind="inet")
-        if c.status == psutil.CONN_LISTEN and c.pid in pids
-    ]
-    exposed = [(ip, port, psutil.Process(pid).name()) for ip, port, pid in listening if not _loopback(ip)]
+    listening, exposed = listening_beyond_loopback(pids)
     report(
         request,
-        f"listening sockets of the stack: {len(listening)} over {len(pids)} processes, "
+        f"listening sockets of the stack: {listening} over {len(pids)} processes, "
         f"{len(exposed)} beyond loopback",
     )
-    assert len(listening) >= 10  # the tree was really seen (Ray alone listens on several)
+    assert listening >= 10  # the tree was really seen (Ray alone listens on several)
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 
