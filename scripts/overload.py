@@ -47,7 +47,10 @@ def main() -> int:
             f"({r['connections_per_client']} connections each): {r['served']} served, "
             f"{r['refused']} refused (p50 {r['refusal_p50_s']} s, max {r['refusal_max_s']} s), "
             f"other {r['other_status']}, hung {r['hung']}, connection errors {r['connection_errors']}; "
-            f"/v1/models p50 {r['models_p50_s']} s, max {r['models_max_s']} s over {r['models_polls']} polls",
+            f"/v1/models p50 {r['models_p50_s']} s, max {r['models_max_s']} s "
+            f"over {r['models_polls']} polls; "
+            f"the machine paused {r['paused_before_last_refusal_s']} s before the slowest refusal "
+            f"(longest pause {r['pause_max_s']} s, watcher at nice {r['pause_watcher_nice']})",
             file=sys.stderr,
         )
     if args.out:

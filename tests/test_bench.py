@@ -16,6 +16,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from rag.bench import probes
 from rag.bench.compute import Watch, core_list, describe
 from rag.bench.stats import percentile
 from rag.bench.systems import bare_binding, bare_command
@@ -58,6 +59,34 @@ LEAVES_A_CHILD = textwrap.dedent(
     time.sleep(120)
     """
 )
+
+
+def test_the_pause_watcher_reports_late_wake_ups_beyond_its_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_watch_pauses` on a scripted clock: wake-ups on time are no pause, a late one is
+    reported as the time beyond its tick, with when it ended."""
+
+    class Clock:
+        now = 100.0
+        naps = iter([0.005, 0.005, 0.305, 0.005, 0.049, 0.205])  # each sleep's real length
+
+    class Stop:
+        calls = 0
+
+        def is_set(self) -> bool:
+            self.calls += 1
+            return self.calls > 6
+
+    def sleep(s: float) -> None:
+        Clock.now += next(Clock.naps, s) if s == 0.005 else max(s, 0.0)
+
+    monkeypatch.setattr(probes.time, "sleep", sleep)
+    monkeypatch.setattr(probes.time, "perf_counter", lambda: Clock.now)
+    monkeypatch.setattr(probes.time, "time", lambda: Clock.now)
+    asked: list[tuple[int, ...]] = []  # not this test process's priority: record the call
+    monkeypatch.setattr(probes.os, "setpriority", lambda *a: asked.append(a))
+    nice, pauses = probes._watch_pauses(start_at=100.0, stop=Stop())
+    assert asked == [(os.PRIO_PROCESS, 0, -20)] and nice == os.getpriority(os.PRIO_PROCESS, 0)
+    assert [(round(t, 3), round(p, 3)) for t, p in pauses] == [(0.315, 0.3), (0.574, 0.2)]
 
 
 def test_bare_vllm_gets_the_chat_engines_arguments_and_engine_environment() -> None:
