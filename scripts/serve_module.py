@@ -203,6 +203,7 @@ KV_VALUES_PER_TOKEN = {
     "qwen2.5-coder-0.5b-instruct": 2 * 24 * 2 * 64,
     "qwen2.5-coder-0.5b-guard": 2 * 24 * 2 * 64,
     "qwen2.5-coder-1.5b-instruct": 2 * 28 * 2 * 128,
+    "qwen2.5-coder-1.5b-guard": 2 * 28 * 2 * 128,
     "smollm2-135m-instruct": 2 * 30 * 3 * 64,
 }
 

@@ -175,6 +175,24 @@ def test_the_shipped_guard_head_matches_its_card_and_template() -> None:
         assert set(card["thresholds"]) == {"input", "output"}
 
 
+def test_each_guard_head_reads_its_own_base_models_hidden_state() -> None:
+    """A head trained on another model's hidden state has the wrong width, and vLLM
+    refuses the folder at boot (or, same width, scores nonsense): each shipped head is as
+    wide as its base's hidden size, and a CPU set's headed guard reads its own chat
+    model's weights (the guard is the chat model with a head)."""
+    from safetensors import safe_open
+
+    from rag.stack.profiles import CPU_MODEL_SETS, GUARD_HEADED
+
+    hidden = {"qwen2.5-coder-0.5b-instruct": 896, "qwen2.5-coder-1.5b-instruct": 1536}  # their config.json
+    for spec in heads.GUARD_HEADS.values():
+        with safe_open(str(spec.head), "np") as f:
+            assert f.get_tensor("score.weight").shape == (1, hidden[spec.base]), spec.name
+    for name, roles in CPU_MODEL_SETS.items():
+        if roles["guard"] in GUARD_HEADED:
+            assert heads.GUARD_HEADS[roles["guard"]].base == roles["chat"], name
+
+
 def test_prepare_caches_vllms_model_inspection_for_every_engine_then_skips_it(tmp_path: Path) -> None:
     """`rag prepare` resolves each engine's model config as its boot would, so vLLM's
     registry caches what it found out (the first boot then runs no inspection subprocess

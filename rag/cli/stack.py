@@ -33,8 +33,9 @@ from rag.stack.profiles import (
 @click.option(
     "--set", "model_set", type=click.Choice(list(CPU_MODEL_SETS)), envvar=CPU_MODELS_ENV,
     default=DEFAULT_CPU_MODEL_SET, show_default=True, show_envvar=True,
-    help="CPU model set: qwen (0.5B chat), qwen-1.5b (1.5B chat: better answers, 1.7x slower, "
-    "bf16 CPUs only) or smollm2 (135M, least memory).",
+    help="CPU model set: qwen (0.5B chat and guard), qwen-1.5b (1.5B chat and guard: better answers "
+    "and guard, 1.7x slower answers, 4-5x slower checks, ~5 GiB more, bf16 CPUs only) or smollm2 "
+    "(135M, least memory).",
 )  # fmt: skip
 @click.option(
     "--models-dir", type=click.Path(file_okay=False, path_type=Path), envvar="RAG_MODELS_DIR",

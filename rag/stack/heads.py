@@ -64,6 +64,10 @@ GUARD_HEADS: dict[str, GuardHead] = {
     "qwen2.5-coder-0.5b-guard": GuardHead(
         "qwen2.5-coder-0.5b-guard", "qwen2.5-coder-0.5b-instruct", "Qwen2ForSequenceClassification"
     ),
+    # The qwen-1.5b set's: the same cases and template, on the 1.5B's hidden state.
+    "qwen2.5-coder-1.5b-guard": GuardHead(
+        "qwen2.5-coder-1.5b-guard", "qwen2.5-coder-1.5b-instruct", "Qwen2ForSequenceClassification"
+    ),
 }
 
 
