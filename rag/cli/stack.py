@@ -34,7 +34,7 @@ from rag.stack.profiles import (
     "--set", "model_set", type=click.Choice(list(CPU_MODEL_SETS)), envvar=CPU_MODELS_ENV,
     default=DEFAULT_CPU_MODEL_SET, show_default=True, show_envvar=True,
     help="CPU model set: qwen (0.5B chat and guard), qwen-1.5b (1.5B chat and guard: better answers "
-    "and guard, 1.7x slower answers, 4-5x slower checks, ~5 GiB more, bf16 CPUs only) or smollm2 "
+    "and guard, 1.7x slower answers, 3x slower checks, ~5 GiB more, bf16 CPUs only) or smollm2 "
     "(135M, least memory).",
 )  # fmt: skip
 @click.option(

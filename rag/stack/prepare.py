@@ -178,7 +178,7 @@ def describe_chat(model_set: str, dtype: str) -> str:
     if model_set == "qwen-1.5b":
         line = (
             f"chat: Qwen2.5-Coder-1.5B-Instruct (RAG_CPU_MODELS=qwen-1.5b: {tradeoff}); guard: its head "
-            "on the 1.5B (ROC AUC 0.98 against 0.95 on fresh requests, 4-5x the seconds per check)"
+            "on the 1.5B (ROC AUC 0.98 against 0.95 on fresh requests, about 3x the seconds per check)"
         )
         if dtype == "float32":
             line += f"; warning: {heavy}; unset RAG_CPU_MODELS for the 0.5B"

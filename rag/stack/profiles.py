@@ -54,7 +54,7 @@ CPU_MODEL_SETS: dict[str, dict[str, str]] = {
         "embed": "all-minilm-l6-v2",
     },
     # Opt-in where the CPU computes in bf16: better answers, 1.7x the seconds; the guard's
-    # head on the 1.5B ranks better (ROC AUC 0.98 against 0.95), 4-5x the seconds per check.
+    # head on the 1.5B ranks better (ROC AUC 0.98 against 0.95), about 3x the seconds per check.
     "qwen-1.5b": {
         "chat": "qwen2.5-coder-1.5b-instruct",
         "guard": "qwen2.5-coder-1.5b-guard",
