@@ -31,6 +31,7 @@ from ray.serve import Application
 from ray.serve.llm import LLMConfig
 
 from rag.errors import ConfigError
+from rag.stack.heads import GUARD_HEADS
 from rag.stack.profiles import (
     CPU_MODEL_SETS,
     GUARD_HEADED,
@@ -201,11 +202,11 @@ def _gpu_configs() -> dict[str, LLMConfig]:
 # are sized in tokens whatever the dtype.
 KV_VALUES_PER_TOKEN = {
     "qwen2.5-coder-0.5b-instruct": 2 * 24 * 2 * 64,
-    "qwen2.5-coder-0.5b-guard": 2 * 24 * 2 * 64,
     "qwen2.5-coder-1.5b-instruct": 2 * 28 * 2 * 128,
-    "qwen2.5-coder-1.5b-guard": 2 * 28 * 2 * 128,
     "smollm2-135m-instruct": 2 * 30 * 3 * 64,
 }
+# A headed guard folder is its base model's weights plus a head: the base's cache.
+KV_VALUES_PER_TOKEN |= {name: KV_VALUES_PER_TOKEN[head.base] for name, head in GUARD_HEADS.items()}
 
 
 def cpu_threads(cores: int | None = None) -> dict[str, int]:
